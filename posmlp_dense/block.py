@@ -1,0 +1,45 @@
+"""One PosMLP block, operating on a window-partitioned token buffer.
+
+    x + DropPath(proj_c_s(Gate(GELU(proj_c_e(LayerNorm(x))))))
+
+Tokens arrive as a flat (T, C) buffer laid out by a WindowPlan; everything
+but the gate is per token, and the gate mixes tokens within windows.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .archs import LevelSpec
+from .gates import build_gate
+from .windows import WindowPlan
+
+
+class PosMLPBlock(nn.Module):
+
+    def __init__(self, spec: LevelSpec, gate: str, drop_path: float = 0.0,
+                 pos_only: bool = True, generalized: bool = True,
+                 norm_eps: float = 1e-6):
+        super().__init__()
+        self.norm = nn.LayerNorm(spec.dim, eps=norm_eps)
+        self.proj_c_e = nn.Linear(spec.dim, spec.hidden)
+        self.act = nn.GELU()
+        self.gate_unit = build_gate(gate, spec.gate_channels, spec.window,
+                                    spec.gamma, pos_only=pos_only,
+                                    generalized=generalized)
+        self.proj_c_s = nn.Linear(spec.gate_channels, spec.dim)
+        self.drop_path = drop_path
+
+    def forward(self, x: torch.Tensor, plan: WindowPlan,
+                batch: int) -> torch.Tensor:
+        hidden = self.act(self.proj_c_e(self.norm(x)))
+        out = self.proj_c_s(self.gate_unit(hidden, plan, batch))
+        if self.training and self.drop_path > 0:
+            # stochastic depth per sample; samples are spread over windows
+            keep = 1.0 - self.drop_path
+            mask = x.new_empty(batch).bernoulli_(keep).div_(keep)
+            out = out * plan.per_sample(mask)
+        return x + out
+
+    def extra_repr(self) -> str:
+        return f'drop_path={self.drop_path}'

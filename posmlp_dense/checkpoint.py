@@ -1,0 +1,330 @@
+"""Checkpoints: safe reading, published-format conversion, checked loading.
+
+Supported inputs:
+
+* released ImageNet checkpoints (timm's saver: ``state_dict``,
+  ``state_dict_ema``, ``args`` as an ``argparse.Namespace``, ...);
+* checkpoints this project writes (a flat or ``{'state_dict': ...}`` dict,
+  ``.pth`` or ``.safetensors``);
+* mmdet / mmseg training checkpoints (weights under ``backbone.``).
+
+Files are read with ``torch.load(weights_only=True)``: nothing in a file can
+run code. Only the few non-tensor types a released checkpoint needs are
+allowed (see ``safe_globals``).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pickle
+import re
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import torch
+from torch import nn
+
+from .gates.position_bias import DERIVED_BUFFERS
+
+logger = logging.getLogger('posmlp_dense')
+
+# Tensors whose shape depends on the window size; a load_state_dict pre-hook
+# resizes them (see gates/position_bias.py), so a shape difference is fine.
+RESIZABLE_SUFFIXES = ('token_proj_n_bias', 'window_relative_position_bias_table')
+# Keys of the classification model that a backbone does not have.
+CLASSIFIER_PREFIXES = ('head.', 'norm.')
+_EXTRA_SAFE_GLOBALS: List[object] = []
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the model."""
+
+
+def register_safe_globals(*objects):
+    """Allow more types in checkpoints read by this package.
+
+    The OpenMMLab glue adds the few mmengine types its training checkpoints
+    contain; nothing else should need this.
+    """
+    for obj in objects:
+        if obj not in _EXTRA_SAFE_GLOBALS:
+            _EXTRA_SAFE_GLOBALS.append(obj)
+
+
+def safe_globals() -> List[object]:
+    """Types allowed by ``weights_only`` loading besides tensors/containers."""
+    return [argparse.Namespace, *_EXTRA_SAFE_GLOBALS]
+
+
+def read_checkpoint(path: str) -> dict:
+    """Read a ``.pth``/``.pt``/``.safetensors`` file safely into a dict."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'checkpoint not found: {path}')
+    if path.endswith('.safetensors'):
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            return dict(load_file(path, device='cpu'))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise CheckpointError(f'cannot read safetensors checkpoint '
+                                  f'{path}: it is truncated or corrupt '
+                                  f'({err})') from err
+    try:
+        with torch.serialization.safe_globals(safe_globals()):
+            ckpt = torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError as err:
+        detail = str(err).strip().splitlines()
+        reason = next((line for line in detail if 'GLOBAL' in line
+                       or 'Unsupported' in line), detail[0] if detail else '')
+        raise CheckpointError(
+            f'refused to load {path}: it contains pickled Python objects that '
+            f'safe loading (weights_only=True) does not allow, and they were '
+            f'not run. Detail: {reason}') from err
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
+        raise CheckpointError(f'cannot read checkpoint {path}: the file is '
+                              f'truncated or corrupt ({err})') from err
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(f'checkpoint {path} holds a {type(ckpt).__name__}'
+                              f', not a dict of weights')
+    return ckpt
+
+
+def extract_state_dict(ckpt: Mapping, which: str = 'ema'
+                       ) -> Tuple[Dict[str, torch.Tensor], str]:
+    """Pick the weights out of a checkpoint dict; returns (weights, entry)."""
+    if which not in ('ema', 'raw'):
+        raise ValueError(f"which must be 'ema' or 'raw', got {which!r}")
+    entries = ('state_dict_ema', 'state_dict', 'model') if which == 'ema' \
+        else ('state_dict', 'model')
+    for entry in entries:
+        value = ckpt.get(entry)
+        if isinstance(value, Mapping):
+            return dict(value), entry
+    if ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+        return dict(ckpt), ''
+    raise CheckpointError(
+        f'no weights found in the checkpoint: expected one of {entries} or a '
+        f'flat dict of tensors, found keys {sorted(ckpt)[:10]}')
+
+
+def strip_prefix(state: Dict[str, torch.Tensor], prefix: Optional[str],
+                 anchor: str = 'patch_embed.projs.0.weight'
+                 ) -> Tuple[Dict[str, torch.Tensor], str]:
+    """Remove ``module.`` and a model prefix such as ``backbone.``.
+
+    With ``prefix=None`` the prefix is found from where the stem's first
+    conv sits (e.g. ``backbone.`` in an mmdet/mmseg checkpoint).
+    """
+    if state and all(k.startswith('module.') for k in state):
+        state = {k[len('module.'):]: v for k, v in state.items()}
+    if prefix is None:
+        hits = [k[:-len(anchor)] for k in state if k.endswith(anchor)]
+        if not hits:
+            raise CheckpointError(
+                f'the checkpoint has no PosMLP stem ({anchor!r} under any '
+                f'prefix); it is not a PosMLP checkpoint')
+        prefix = min(hits, key=len)
+    if prefix and not prefix.endswith('.'):
+        prefix += '.'
+    picked = {k[len(prefix):]: v for k, v in state.items()
+              if k.startswith(prefix)}
+    if not picked:
+        raise CheckpointError(f'no checkpoint key starts with prefix '
+                              f'{prefix!r}')
+    return picked, prefix
+
+
+def describe_weights(state: Mapping[str, torch.Tensor]) -> dict:
+    """Gate, depths and widths of PosMLP weights, for error messages."""
+    depths: Dict[int, int] = {}
+    for key in state:
+        m = re.match(r'levels\.(\d+)\.encoder\.(\d+)\.', key)
+        if m:
+            level, block = int(m.group(1)), int(m.group(2))
+            depths[level] = max(depths.get(level, 0), block + 1)
+    if any(k.endswith('attention_centers') for k in state):
+        gate = 'gqpe'
+    elif any(k.endswith('relative_position_bias_table') for k in state):
+        gate = 'lrpe'
+    elif any('proj_list' in k for k in state):
+        gate = 'sgu'
+    else:
+        gate = 'unknown'
+    dims = [tuple(v.shape)[0] for k, v in sorted(state.items())
+            if re.fullmatch(r'levels\.\d+\.encoder\.0\.norm\.weight', k)]
+    return dict(gate=gate, depths=tuple(depths[i] for i in sorted(depths)),
+                embed_dims=tuple(dims))
+
+
+@dataclass
+class LoadReport:
+    """What ``load_pretrained`` did with every key."""
+    source: str
+    entry: str
+    prefix: str = ''
+    loaded: List[str] = field(default_factory=list)
+    resized: List[Tuple[str, tuple, tuple]] = field(default_factory=list)
+    skipped_classifier: List[str] = field(default_factory=list)
+    dropped_derived: List[str] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)
+    unexpected: List[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f'loaded {len(self.loaded)} tensors from {self.source}'
+                 + (f' [{self.entry}]' if self.entry else '')
+                 + (f' (prefix {self.prefix!r})' if self.prefix else '')]
+        if self.resized:
+            lines.append(f'  resized for the model\'s windows: '
+                         f'{len(self.resized)} tensors, e.g. '
+                         f'{self.resized[0][0]} {self.resized[0][1]} -> '
+                         f'{self.resized[0][2]}')
+        if self.dropped_derived:
+            lines.append(f'  dropped {len(self.dropped_derived)} derived '
+                         f'buffers (recomputed from the window size)')
+        if self.skipped_classifier:
+            lines.append(f'  skipped classifier keys: '
+                         f'{self.skipped_classifier}')
+        if self.missing:
+            lines.append(f'  not in the checkpoint (kept at init): '
+                         f'{self.missing}')
+        if self.unexpected:
+            lines.append(f'  in the checkpoint but not the model (ignored): '
+                         f'{self.unexpected}')
+        return '\n'.join(lines)
+
+
+def _new_module_keys(model: nn.Module) -> Tuple[str, ...]:
+    """Model keys that released checkpoints cannot have (added for dense use)."""
+    keys = tuple(k for k in model.state_dict() if re.match(r'norm\d+\.', k))
+    return keys + ('absolute_pos_embed',)
+
+
+def load_state(model: nn.Module, state: Dict[str, torch.Tensor],
+               source: str = '<state dict>', entry: str = '',
+               prefix: str = '', strict: bool = True) -> LoadReport:
+    """Load PosMLP weights into ``model`` after checking they fit.
+
+    Derived buffers are dropped, classifier keys skipped when the model has
+    no head, window-dependent tensors resized (by the model's load hooks).
+    Anything else that is missing or unexpected, and any shape that does not
+    match, raises ``CheckpointError`` unless ``strict=False``, in which case
+    it is reported (and logged) instead.
+    """
+    report = LoadReport(source=source, entry=entry, prefix=prefix)
+    model_state = model.state_dict()
+    weights = {}
+    for key, value in state.items():
+        if key.rsplit('.', 1)[-1] in DERIVED_BUFFERS:
+            report.dropped_derived.append(key)
+        elif key not in model_state and key.startswith(CLASSIFIER_PREFIXES):
+            report.skipped_classifier.append(key)
+        else:
+            weights[key] = value
+    allowed_missing = _new_module_keys(model)
+    report.missing = [k for k in model_state if k not in weights]
+    report.unexpected = [k for k in weights if k not in model_state]
+    mismatched = []
+    for key, value in weights.items():
+        if key not in model_state:
+            continue
+        want = tuple(model_state[key].shape)
+        if tuple(value.shape) == want:
+            continue
+        if key.endswith(RESIZABLE_SUFFIXES):
+            report.resized.append((key, tuple(value.shape), want))
+        else:
+            mismatched.append(f'{key}: checkpoint {tuple(value.shape)} vs '
+                              f'model {want}')
+    hard_missing = [k for k in report.missing
+                    if not k.startswith(allowed_missing)]
+    if mismatched or hard_missing or report.unexpected:
+        message = _mismatch_message(model_state, weights, source, mismatched,
+                                    hard_missing, report.unexpected)
+        if strict or mismatched:
+            raise CheckpointError(message)
+        logger.warning(message)
+    for key in report.unexpected:
+        weights.pop(key)
+    model.load_state_dict(weights, strict=False)
+    report.loaded = sorted(weights)
+    logger.info('%s', report)
+    return report
+
+
+def _mismatch_message(model_state, weights, source, mismatched, missing,
+                      unexpected) -> str:
+    ours, theirs = describe_weights(model_state), describe_weights(weights)
+    parts = [f'checkpoint {source} does not match the model architecture:']
+    for name in ('gate', 'depths', 'embed_dims'):
+        if ours[name] != theirs[name]:
+            parts.append(f'  {name}: checkpoint {theirs[name]} vs model '
+                         f'{ours[name]}')
+    if mismatched:
+        parts.append(f'  {len(mismatched)} shape mismatches, first: '
+                     + '; '.join(mismatched[:3]))
+    if missing:
+        parts.append(f'  {len(missing)} model keys missing from the '
+                     f'checkpoint, first: {missing[:3]}')
+    if unexpected:
+        parts.append(f'  {len(unexpected)} checkpoint keys unknown to the '
+                     f'model, first: {unexpected[:3]}')
+    return '\n'.join(parts)
+
+
+def load_pretrained(model: nn.Module, path: str, which: str = 'ema',
+                    prefix: Optional[str] = None,
+                    strict: bool = True) -> LoadReport:
+    """Load a released, converted or mmdet/mmseg checkpoint into a PosMLP.
+
+    Works for the backbone (classifier keys are skipped and reported) and
+    for the classifier. ``which='ema'`` reads ``state_dict_ema`` when the
+    file has it (as the authors' loader does), ``'raw'`` reads
+    ``state_dict``. ``prefix`` selects a sub-model (found automatically when
+    None). Returns a LoadReport; raises CheckpointError when the weights do
+    not fit the model.
+    """
+    ckpt = read_checkpoint(path)
+    state, entry = extract_state_dict(ckpt, which)
+    state, found_prefix = strip_prefix(state, prefix)
+    return load_state(model, state, source=os.fspath(path), entry=entry,
+                      prefix=found_prefix, strict=strict)
+
+
+def backbone_state_dict(state: Mapping[str, torch.Tensor]
+                        ) -> Dict[str, torch.Tensor]:
+    """Released weights -> backbone weights: no head, no derived buffers."""
+    return {k: v for k, v in state.items()
+            if not k.startswith(CLASSIFIER_PREFIXES)
+            and k.rsplit('.', 1)[-1] not in DERIVED_BUFFERS}
+
+
+def save_checkpoint(state: Mapping[str, torch.Tensor], path: str,
+                    meta: Optional[Dict[str, str]] = None,
+                    overwrite: bool = False):
+    """Write weights atomically as ``.safetensors`` or ``.pth``.
+
+    The file appears only once complete (written to a temporary file, then
+    renamed), and an existing file is never replaced unless ``overwrite``.
+    """
+    path = os.fspath(path)
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f'{path} exists; refusing to overwrite it')
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix='.partial')
+    os.close(fd)
+    try:
+        if path.endswith('.safetensors'):
+            from safetensors.torch import save_file
+            save_file(tensors, tmp, metadata=dict(meta or {}))
+        else:
+            torch.save({'state_dict': tensors, 'meta': dict(meta or {})}, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

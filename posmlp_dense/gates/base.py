@@ -1,0 +1,80 @@
+"""What every gate unit shares: mixing matrices per window class, cached.
+
+A gate's mixing matrices depend only on its parameters and on the window
+geometry, never on the input. In eval mode (and whenever no gradient to the
+gate's parameters is needed) they are computed once per window class and
+reused until a parameter changes: the cache key holds each parameter's
+version counter and storage, which every in-place update (optimizer step,
+``load_state_dict``) or re-assignment changes, and ``train()`` clears it.
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import torch
+from torch import nn
+
+from ..windows import in_window_index
+
+Key = Tuple[int, int, int, int]
+
+
+class GateUnit(nn.Module):
+    """Base of the gates: subclasses implement ``compute_mixing``."""
+
+    def __init__(self, window: Tuple[int, int], groups: int):
+        super().__init__()
+        self.window = tuple(window)
+        self.groups = groups
+        self._mixing_cache: Dict[tuple, tuple] = {}
+        self._index_cache: Dict[tuple, torch.Tensor] = {}
+
+    @property
+    def num_positions(self) -> int:
+        return self.window[0] * self.window[1]
+
+    def token_index(self, key: Key, device) -> torch.Tensor:
+        """In-window indices of the real tokens of a window class."""
+        cache_key = (key, str(device))
+        index = self._index_cache.get(cache_key)
+        if index is None:
+            index = in_window_index(key, self.window, device=device)
+            self._index_cache[cache_key] = index
+        return index
+
+    def compute_mixing(self, index: torch.Tensor
+                       ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Mixing matrices (groups, n, n) and bias (n,) for these tokens."""
+        raise NotImplementedError
+
+    def mixing_matrices(self, key: Key) -> Tuple[torch.Tensor, torch.Tensor]:
+        params = tuple(self.parameters())
+        device = params[0].device
+        index = self.token_index(key, device)
+        needs_grad = torch.is_grad_enabled() and any(
+            p.requires_grad for p in params)
+        if self.training or needs_grad:
+            with torch.autocast(device.type, enabled=False):
+                return self.compute_mixing(index)
+        stamp = tuple((p._version, p.data_ptr()) for p in params)
+        cache_key = (key, str(device))
+        hit = self._mixing_cache.get(cache_key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            result = self.compute_mixing(index)
+        self._mixing_cache[cache_key] = (stamp, result)
+        return result
+
+    def clear_cache(self):
+        self._mixing_cache.clear()
+
+    def train(self, mode: bool = True):
+        self.clear_cache()
+        return super().train(mode)
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to() / .half() / .cuda(): cached tensors would be stale
+        self._mixing_cache.clear()
+        self._index_cache.clear()
+        return super()._apply(fn, *args, **kwargs)

@@ -1,0 +1,93 @@
+"""GQPE: generalized quadratic positional encoding (the released gate).
+
+Each channel group s has a learned 2-D Gaussian over relative offsets: a
+centre delta_s (2,) and a spread A_s (2, 2). The mixing weights of a query
+are a softmax over the keys of the window:
+
+    S = A A^T;  a, b, c, d = S00, S01, S11, S10;  (d1, d2) = delta
+    score[s, m, n] = (a d1 + b d2) dx + (c d2 + d d1) dy
+                     - (a dx^2 + c dy^2 + (b + d) dx dy) / 2
+    P_s[m, :] = softmax_n(score[s, m, :])
+
+The isotropic form (``generalized=False``) has a scalar spread sigma_s and,
+as published, score = sigma^2 (d1 dx + d2 dy) - (dx^2 + dy^2) / 2.
+
+Parameters do not depend on the window; only the offsets (a non-persistent
+buffer) and the per-query bias ``token_proj_n_bias`` do.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+from torch import nn
+
+from ..relative_position import gqpe_offset_features
+from .position_bias import PositionBias
+
+# Softmax weights below this are set to zero. At initialization most of a
+# window's weights are far below 1e-38 (subnormal floats), and CPU matmuls on
+# subnormals run several times slower. A weight under 2^-100 changes an
+# output by less than 1e-30 times the mixed value, far below fp32 precision.
+NEGLIGIBLE_WEIGHT = 2.0 ** -100
+
+
+class GQPE(PositionBias):
+
+    def __init__(self, window: Tuple[int, int], groups: int,
+                 generalized: bool = True, symmetric: bool = True,
+                 init_std: float = 1e-2):
+        super().__init__(window)
+        self.groups = groups
+        self.generalized = generalized
+        self.symmetric = symmetric
+        self.init_std = init_std
+        self.attention_centers = nn.Parameter(torch.zeros(groups, 2))
+        if generalized:
+            self.attention_spreads = nn.Parameter(torch.zeros(groups, 2, 2))
+        else:
+            self.attention_spreads = nn.Parameter(torch.zeros(groups))
+        self.register_buffer(
+            'rel_indices', gqpe_offset_features(self.window, generalized),
+            persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.attention_centers, 0.0, self.init_std)
+        with torch.no_grad():
+            if self.generalized:
+                eye = torch.eye(2).expand(self.groups, 2, 2)
+                self.attention_spreads.copy_(
+                    eye + torch.randn(self.groups, 2, 2) * self.init_std)
+            else:
+                self.attention_spreads.copy_(
+                    1 + torch.randn(self.groups) * self.init_std)
+        nn.init.zeros_(self.token_proj_n_bias)
+
+    def score_coefficients(self) -> torch.Tensor:
+        """(groups, features): the score is features . coefficients."""
+        d1, d2 = self.attention_centers[:, 0], self.attention_centers[:, 1]
+        if not self.generalized:
+            a = self.attention_spreads ** 2
+            return torch.stack([a * d1, a * d2, torch.full_like(d1, -0.5)],
+                               dim=-1)
+        spreads = self.attention_spreads
+        inv_cov = spreads @ spreads.transpose(1, 2) if self.symmetric \
+            else spreads
+        a, b = inv_cov[:, 0, 0], inv_cov[:, 0, 1]
+        c, d = inv_cov[:, 1, 1], inv_cov[:, 1, 0]
+        return torch.stack([a * d1 + b * d2, c * d2 + d * d1,
+                            -0.5 * a, -0.5 * c, -0.5 * (b + d)], dim=-1)
+
+    def weights(self, index: torch.Tensor) -> torch.Tensor:
+        """(groups, n, n) softmax mixing weights among the given tokens."""
+        feats = self.rel_indices[index][:, index]
+        scores = torch.einsum('mnf,sf->smn', feats, self.score_coefficients())
+        weights = scores.softmax(dim=-1)
+        return torch.where(weights < NEGLIGIBLE_WEIGHT,
+                           torch.zeros((), dtype=weights.dtype,
+                                       device=weights.device), weights)
+
+    def extra_repr(self) -> str:
+        return (f'window={self.window}, groups={self.groups}, '
+                f'generalized={self.generalized}')

@@ -1,0 +1,79 @@
+"""PoSGU: the positional gating unit of PosMLP.
+
+The block's hidden channels are split into halves u, v (``chunk(2)``); the
+gate returns PosMap(u) * v, where PosMap mixes the tokens of each window with
+the per-group matrices of a positional encoding (GQPE or LRPE, at
+``gate_unit.pos``) and adds a per-query bias.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+from torch import nn
+from timm.layers import trunc_normal_
+
+from ..token_mixing import mix_tokens
+from ..windows import WindowPlan
+from .base import GateUnit
+from .gqpe import GQPE
+from .lrpe import LRPE
+
+
+class PoSGU(GateUnit):
+
+    def __init__(self, channels: int, window: Tuple[int, int], groups: int,
+                 encoding: str = 'gqpe', pos_only: bool = True,
+                 generalized: bool = True):
+        super().__init__(window, groups)
+        if channels % groups:
+            raise ValueError(f'{groups} groups do not divide {channels} gate '
+                             f'channels')
+        self.channels = channels
+        if encoding == 'gqpe':
+            if not pos_only:
+                raise ValueError('pos_only=False (an extra learned N x N '
+                                 'token matrix) is defined for the LRPE gate '
+                                 'only')
+            self.pos = GQPE(window, groups, generalized=generalized)
+        elif encoding == 'lrpe':
+            self.pos = LRPE(window, groups)
+        else:
+            raise ValueError(f'unknown positional encoding {encoding!r}')
+        self.pos_only = pos_only
+        if not pos_only:
+            # LRPE's "pos_only=False": a learned (1, N, N) matrix added to
+            # every group's weights.
+            self.token_proj_n_weight = nn.Parameter(
+                torch.zeros(1, self.num_positions, self.num_positions))
+            trunc_normal_(self.token_proj_n_weight, std=1e-6)
+            self.register_load_state_dict_pre_hook(_check_token_matrix)
+
+    def compute_mixing(self, index):
+        weights = self.pos.weights(index)
+        if not self.pos_only:
+            weights = weights + self.token_proj_n_weight[:, index][:, :, index]
+        return weights, self.pos.bias(index)
+
+    def forward(self, hidden: torch.Tensor, plan: WindowPlan,
+                batch: int) -> torch.Tensor:
+        u, v = hidden.chunk(2, dim=-1)
+        return mix_tokens(u, v, plan, batch, self.groups,
+                          self.mixing_matrices)
+
+    def extra_repr(self) -> str:
+        return f'channels={self.channels}, pos_only={self.pos_only}'
+
+
+def _check_token_matrix(module, state_dict, prefix, *args):
+    """A learned N x N token matrix cannot be resized to another window."""
+    key = prefix + 'token_proj_n_weight'
+    value = state_dict.get(key)
+    if value is not None and tuple(value.shape) != tuple(
+            module.token_proj_n_weight.shape):
+        raise ValueError(
+            f'{key} has shape {tuple(value.shape)} but the model expects '
+            f'{tuple(module.token_proj_n_weight.shape)}: an absolute N x N '
+            f'token matrix (LRPE with pos_only=False) is tied to the window it '
+            f'was trained with and cannot be resized; build the model with '
+            f'that window')

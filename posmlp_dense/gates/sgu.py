@@ -1,0 +1,63 @@
+"""SGU: the spatial gating unit of gMLP, the baseline PoSGU replaces.
+
+u is layer-normalized, mixed over the tokens of a window by a learned N x N
+matrix plus a per-query bias (a Linear over tokens), and multiplied with v.
+Its parameters grow with N^2 and are tied to the window size. Kept for
+ablations; state-dict names follow the published code (``norm_list.0``,
+``proj_list.0``).
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+from torch import nn
+
+from ..token_mixing import mix_tokens
+from ..windows import WindowPlan
+from .base import GateUnit
+
+
+class SGU(GateUnit):
+
+    def __init__(self, channels: int, window: Tuple[int, int],
+                 norm_eps: float = 1e-6):
+        super().__init__(window, groups=1)
+        self.channels = channels
+        n = self.num_positions
+        self.norm_list = nn.Sequential(nn.LayerNorm(channels, eps=norm_eps))
+        self.proj_list = nn.Sequential(nn.Linear(n, n))
+        self.reset_parameters()
+        self.register_load_state_dict_pre_hook(_check_window)
+
+    def reset_parameters(self):
+        # gMLP's initialization: near-zero weights and a bias of one, so the
+        # gate starts as (almost) the identity on v.
+        nn.init.normal_(self.proj_list[0].weight, std=1e-6)
+        nn.init.ones_(self.proj_list[0].bias)
+        self.norm_list[0].reset_parameters()
+
+    def compute_mixing(self, index):
+        proj = self.proj_list[0]
+        return proj.weight[index][:, index].unsqueeze(0), proj.bias[index]
+
+    def forward(self, hidden: torch.Tensor, plan: WindowPlan,
+                batch: int) -> torch.Tensor:
+        u, v = hidden.chunk(2, dim=-1)
+        u = self.norm_list[0](u)
+        return mix_tokens(u, v, plan, batch, 1, self.mixing_matrices)
+
+    def extra_repr(self) -> str:
+        return f'channels={self.channels}, window={self.window}'
+
+
+def _check_window(module, state_dict, prefix, *args):
+    key = prefix + 'proj_list.0.weight'
+    value = state_dict.get(key)
+    expected = (module.num_positions, module.num_positions)
+    if value is not None and tuple(value.shape) != expected:
+        raise ValueError(
+            f'{key} has shape {tuple(value.shape)} but this SGU gate has a '
+            f'{module.window[0]}x{module.window[1]} window ({expected}): SGU '
+            f'weights are tied to the window they were trained with and '
+            f'cannot be resized; build the model with that window')

@@ -1,0 +1,179 @@
+"""Window logic: how a level's (B, H, W, C) map is cut into windows.
+
+The published model cuts a map into w x w windows and requires the map to be
+a multiple of the window. We accept any map size. Instead of padding the map
+and masking the padded tokens, we never create padded tokens at all: a window
+that sticks out of the map keeps only its real tokens, and its mixing matrix
+is the full window's matrix restricted to those tokens (for GQPE the softmax
+then runs over the real keys only). That is exactly what "pad, then mask the
+padded keys out" computes, without spending work on padding.
+
+Windows are grouped into *classes* of equal shape: interior windows, the
+partial windows along the bottom and right edges, and the corner (and, for
+shifted windows, the partial windows along the top and left). Each class is
+stored token-major, as a (n, B * windows, C) block of one flat (T, C) token
+buffer, where n is the number of real tokens per window of that class. In
+that layout the token mixing of a whole class is one batched matmul
+(groups x n x n) @ (groups x n x columns) with no further re-arrangement.
+
+When the windows tile the map exactly there is a single class and the layout
+is the published one, token by token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Tuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of equal windows along one axis of the map."""
+    start: int   # first map index covered by the run
+    count: int   # number of windows in the run
+    size: int    # real tokens per window along this axis
+    offset: int  # in-window index of the first real token
+
+
+@dataclass(frozen=True)
+class WindowClass:
+    """Windows that share one shape of real tokens inside the full window."""
+    rows: Segment
+    cols: Segment
+
+    @property
+    def tokens(self) -> int:
+        return self.rows.size * self.cols.size
+
+    @property
+    def windows_per_sample(self) -> int:
+        return self.rows.count * self.cols.count
+
+    @property
+    def key(self) -> Tuple[int, int, int, int]:
+        """In-window rectangle (r0, r1, c0, c1): all the mixing depends on."""
+        r, c = self.rows, self.cols
+        return (r.offset, r.offset + r.size, c.offset, c.offset + c.size)
+
+
+def axis_segments(length: int, window: int, origin: int = 0
+                  ) -> Tuple[Segment, ...]:
+    """Cut an axis of ``length`` tokens into windows of ``window`` tokens.
+
+    The window grid starts at map index ``origin`` (0 <= origin < window):
+    with ``origin > 0`` (shifted windows) the first ``origin`` tokens form a
+    leading partial window whose real tokens sit at the end of the window.
+    """
+    if length <= 0:
+        raise ValueError(f'cannot cut an axis of length {length} into windows')
+    if not 0 <= origin < window:
+        raise ValueError(f'window origin {origin} must be in [0, {window})')
+    segments = []
+    pos = 0
+    if origin > 0:
+        lead = min(origin, length)
+        segments.append(Segment(0, 1, lead, window - origin))
+        pos = lead
+    full = (length - pos) // window
+    if full:
+        segments.append(Segment(pos, full, window, 0))
+        pos += full * window
+    if pos < length:
+        segments.append(Segment(pos, 1, length - pos, 0))
+    return tuple(segments)
+
+
+@lru_cache(maxsize=256)
+def make_plan(height: int, width: int, window: Tuple[int, int],
+              shift: Tuple[int, int] = (0, 0)) -> 'WindowPlan':
+    rows = axis_segments(height, window[0], shift[0])
+    cols = axis_segments(width, window[1], shift[1])
+    classes = tuple(WindowClass(r, c) for r in rows for c in cols)
+    return WindowPlan(height, width, tuple(window), classes)
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """How one map size is cut into windows: a fixed list of classes."""
+    height: int
+    width: int
+    window: Tuple[int, int]
+    classes: Tuple[WindowClass, ...]
+
+    @property
+    def exact(self) -> bool:
+        """True when windows tile the map and no window is partial."""
+        return len(self.classes) == 1 and self.classes[0].tokens == (
+            self.window[0] * self.window[1])
+
+    def class_sizes(self, batch: int):
+        """(tokens, windows) of each class for a batch, in buffer order."""
+        return [(c.tokens, batch * c.windows_per_sample) for c in self.classes]
+
+    def num_tokens(self, batch: int) -> int:
+        return batch * self.height * self.width
+
+    def partition(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, W, C) map -> (T, C) token buffer, class by class."""
+        B, H, W, C = x.shape
+        assert (H, W) == (self.height, self.width), 'plan built for another size'
+        if len(self.classes) == 1:
+            return self._class_view(x, self.classes[0]).reshape(-1, C)
+        out = x.new_empty(self.num_tokens(B), C)
+        offset = 0
+        for cls in self.classes:
+            n = cls.tokens * B * cls.windows_per_sample
+            block = out[offset:offset + n].view(
+                cls.rows.size, cls.cols.size, B, cls.rows.count,
+                cls.cols.count, C)
+            block.copy_(self._class_view(x, cls))
+            offset += n
+        return out
+
+    def reverse(self, tokens: torch.Tensor, batch: int) -> torch.Tensor:
+        """(T, C) token buffer -> contiguous (B, H, W, C) map."""
+        C = tokens.shape[-1]
+        B = batch
+        if len(self.classes) == 1:
+            cls = self.classes[0]
+            return tokens.view(cls.rows.size, cls.cols.size, B, cls.rows.count,
+                               cls.cols.count, C).permute(
+                2, 3, 0, 4, 1, 5).reshape(B, self.height, self.width, C)
+        out = tokens.new_empty(B, self.height, self.width, C)
+        offset = 0
+        for cls in self.classes:
+            n = cls.tokens * B * cls.windows_per_sample
+            self._class_view(out, cls).copy_(tokens[offset:offset + n].view(
+                cls.rows.size, cls.cols.size, B, cls.rows.count,
+                cls.cols.count, C))
+            offset += n
+        return out
+
+    @staticmethod
+    def _class_view(x: torch.Tensor, cls: WindowClass) -> torch.Tensor:
+        """View of a class's windows in ``x`` as (h, w, B, nr, nc, C)."""
+        B, _, _, C = x.shape
+        r, c = cls.rows, cls.cols
+        region = x[:, r.start:r.start + r.count * r.size,
+                   c.start:c.start + c.count * c.size]
+        return region.view(B, r.count, r.size, c.count, c.size, C).permute(
+            2, 4, 0, 1, 3, 5)
+
+    def per_sample(self, values: torch.Tensor) -> torch.Tensor:
+        """Spread a per-sample (B,) tensor over the token buffer: (T, 1)."""
+        B = values.shape[0]
+        parts = [values.view(1, B, 1).expand(cls.tokens, B,
+                                            cls.windows_per_sample).reshape(-1)
+                 for cls in self.classes]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)).unsqueeze(1)
+
+
+def in_window_index(key: Tuple[int, int, int, int], window: Tuple[int, int],
+                    device=None) -> torch.Tensor:
+    """Row-major in-window indices m = y * ww + x of a class's real tokens."""
+    r0, r1, c0, c1 = key
+    ys = torch.arange(r0, r1, device=device)
+    xs = torch.arange(c0, c1, device=device)
+    return (ys[:, None] * window[1] + xs[None, :]).reshape(-1)

@@ -1,0 +1,64 @@
+"""Shared fixtures: the reference checkpoints and small random models."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures')
+
+# A reduced PosMLP small enough for per-window reference loops on CPU.
+TINY_ARCH = dict(embed_dims=(16, 32, 64, 128), depths=(1, 1, 2, 1),
+                 mlp_ratio=(4, 4, 4, 2), gamma=(4, 8, 16, 32),
+                 window_size=(14, 14, 14, 7))
+
+
+def fixture_path(name: str) -> str:
+    return os.path.join(FIXTURES, name)
+
+
+def expected(gate: str) -> dict:
+    return torch.load(fixture_path(f'tiny_{gate}_expected.pth'),
+                      weights_only=True)
+
+
+def fixture_arch(gate: str) -> dict:
+    arch = expected(gate)['arch']
+    return {k: arch[k] for k in ('embed_dims', 'depths', 'mlp_ratio',
+                                 'gamma', 'window_size')}
+
+
+def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Give every parameter and BN statistic non-trivial values.
+
+    At initialization LRPE tables and position biases are zero, which would
+    make tests of the mixing pass vacuously.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith('attention_spreads'):
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+            elif name.endswith('attention_centers'):
+                p.copy_(1.5 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(('relative_position_bias_table',
+                                'token_proj_n_weight')):
+                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+            elif name.endswith('token_proj_n_bias'):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif p.dim() == 1 and name.endswith('weight'):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.add_(0.02 * torch.randn(p.shape, generator=gen))
+        for name, b in model.named_buffers():
+            if name.endswith('running_mean'):
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen))
+            elif name.endswith('running_var'):
+                b.copy_(1 + 0.1 * torch.rand(b.shape, generator=gen))
+    return model
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
