@@ -328,3 +328,65 @@ def save_checkpoint(state: Mapping[str, torch.Tensor], path: str,
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def infer_config(state: Mapping[str, torch.Tensor]) -> dict:
+    """Model options that rebuild the architecture of some PosMLP weights.
+
+    Returns ``dict(arch=..., gate=..., pos_only=..., gqpe_generalized=...,
+    in_channels=..., ape=...)`` for ``PosMLP(**config)`` (backbone or
+    classifier weights, prefix already stripped).
+    """
+    from .relative_position import infer_window
+    if 'patch_embed.projs.2.weight' not in state:
+        raise CheckpointError('not PosMLP weights: no patch_embed.projs.2')
+    desc = describe_weights(state)
+    levels = sorted({int(m.group(1)) for k in state
+                     for m in [re.match(r'levels\.(\d+)\.', k)] if m})
+    if not levels or levels != list(range(len(levels))):
+        raise CheckpointError(f'not PosMLP weights: levels {levels}')
+    dims, depths, ratios, gammas, windows = [], [], [], [], []
+    for i in levels:
+        if i == 0:
+            dim = state['patch_embed.projs.2.weight'].shape[0]
+        else:
+            dim = state[f'levels.{i}.pool.conv.weight'].shape[0]
+        depth = sum(1 for k in state
+                    if re.fullmatch(rf'levels\.{i}\.encoder\.\d+\.norm\.weight',
+                                    k))
+        if depth == 0:
+            raise CheckpointError(f'level {i} has no blocks; cannot infer '
+                                  f'its gate settings')
+        blk = f'levels.{i}.encoder.0.'
+        hidden = state[blk + 'proj_c_e.weight'].shape[0]
+        if desc['gate'] == 'gqpe':
+            gamma = state[blk + 'gate_unit.pos.attention_centers'].shape[0]
+        elif desc['gate'] == 'lrpe':
+            gamma = state[blk + 'gate_unit.pos.'
+                          'window_relative_position_bias_table'].shape[1]
+        else:
+            gamma = 1
+        if desc['gate'] == 'sgu':
+            n = state[blk + 'gate_unit.proj_list.0.weight'].shape[0]
+            window = infer_window(n)
+        else:
+            n = state[blk + 'gate_unit.pos.token_proj_n_bias'].numel()
+            table = state.get(blk + 'gate_unit.pos.'
+                              'window_relative_position_bias_table')
+            window = infer_window(n, None if table is None else table.shape[0])
+        ratio = hidden / dim
+        dims.append(dim)
+        depths.append(depth)
+        ratios.append(int(ratio) if ratio == int(ratio) else ratio)
+        gammas.append(gamma)
+        windows.append(window if window[0] != window[1] else window[0])
+    spreads = [v for k, v in state.items() if k.endswith('attention_spreads')]
+    return dict(
+        arch=dict(embed_dims=tuple(dims), depths=tuple(depths),
+                  mlp_ratio=tuple(ratios), gamma=tuple(gammas),
+                  window_size=tuple(windows)),
+        gate=desc['gate'],
+        pos_only=not any(k.endswith('token_proj_n_weight') for k in state),
+        gqpe_generalized=not spreads or spreads[0].dim() == 3,
+        in_channels=state['patch_embed.projs.0.weight'].shape[1],
+        ape='absolute_pos_embed' in state)
