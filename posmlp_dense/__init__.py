@@ -10,6 +10,8 @@ Importing the package also registers ``PosMLP`` in the mmdet and mmseg model
 registries when those frameworks are installed (see ``mm_registry.py``), and
 the timm models ``posmlp_t``, ``posmlp_s`` and ``posmlp_b``.
 """
+import importlib.util
+
 from .version import __version__
 from .archs import ARCH_SETTINGS
 from .backbone import PosMLP
@@ -17,6 +19,12 @@ from .checkpoint import (CheckpointError, LoadReport, load_pretrained,
                          read_checkpoint, save_checkpoint)
 from .classifier import PosMLPClassifier, create_classifier
 from . import timm_models  # noqa: F401  (registers posmlp_t/s/b in timm)
+
+# OpenMMLab is optional: plain PyTorch users need neither mmdet nor mmseg.
+# Where mmengine is installed, a broken install fails loudly here.
+if importlib.util.find_spec('mmengine') is not None:
+    from .openmmlab import register_all as _register_openmmlab
+    _register_openmmlab()
 
 __all__ = ['__version__', 'ARCH_SETTINGS', 'PosMLP', 'PosMLPClassifier',
            'create_classifier', 'load_pretrained', 'read_checkpoint',

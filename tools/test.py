@@ -1,0 +1,60 @@
+#!/usr/bin/env python
+"""Evaluate a checkpoint of a PosMLP detector (mmdet) or segmentor (mmseg).
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--show-dir DIR]
+        [--out metrics.json] [--cfg-options ...] [--launcher pytorch]
+
+Prints the metrics of the config's test evaluator (COCO mAP, mIoU, ...).
+"""
+import argparse
+import json
+import os
+import os.path as osp
+
+from mmengine.config import DictAction
+
+from posmlp_dense.openmmlab import launch
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('config', help='mmdet or mmseg config file')
+    parser.add_argument('checkpoint', nargs='?', default=None,
+                        help="checkpoint to evaluate (omit to evaluate the "
+                        "config's freshly initialized model)")
+    parser.add_argument('--work-dir', help='where logs go')
+    parser.add_argument('--out', help='write the metrics to this JSON file')
+    parser.add_argument('--show-dir', help='save pictures of the '
+                        'predictions in this folder')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries: key=value ...')
+    parser.add_argument('--launcher', default='none',
+                        choices=['none', 'pytorch', 'slurm', 'mpi'])
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    launch.set_local_rank(args.local_rank)
+    cfg = launch.load_config(args.config, args.cfg_options, args.work_dir,
+                             args.launcher)
+    if args.checkpoint is not None and not osp.isfile(args.checkpoint):
+        raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
+    cfg.load_from = args.checkpoint
+    cfg.resume = False
+    if args.show_dir:
+        launch.enable_visualization(cfg, osp.abspath(args.show_dir))
+    runner = launch.build_runner(cfg)
+    metrics = runner.test()
+    if runner.rank == 0:
+        text = json.dumps({k: float(v) for k, v in metrics.items()}, indent=2)
+        print(text)
+        if args.out:
+            os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
+            with open(args.out, 'w') as f:
+                f.write(text + '\n')
+
+
+if __name__ == '__main__':
+    main()
