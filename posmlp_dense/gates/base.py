@@ -47,24 +47,41 @@ class GateUnit(nn.Module):
         """Mixing matrices (groups, n, n) and bias (n,) for these tokens."""
         raise NotImplementedError
 
-    def mixing_matrices(self, key: Key) -> Tuple[torch.Tensor, torch.Tensor]:
+    def augmented_mixing(self, key: Key) -> torch.Tensor:
+        """(groups, n, n + 1): the mixing matrices with the bias appended.
+
+        The form the token mixing consumes (the bias multiplies a row of
+        ones). Cached in eval mode, see the module docstring.
+        """
         params = tuple(self.parameters())
         device = params[0].device
-        index = self.token_index(key, device)
         needs_grad = torch.is_grad_enabled() and any(
             p.requires_grad for p in params)
         if self.training or needs_grad:
             with torch.autocast(device.type, enabled=False):
-                return self.compute_mixing(index)
+                return self._augmented(key, device)
         stamp = tuple((p._version, p.data_ptr()) for p in params)
         cache_key = (key, str(device))
         hit = self._mixing_cache.get(cache_key)
         if hit is not None and hit[0] == stamp:
             return hit[1]
         with torch.no_grad(), torch.autocast(device.type, enabled=False):
-            result = self.compute_mixing(index)
+            result = self._augmented(key, device)
         self._mixing_cache[cache_key] = (stamp, result)
         return result
+
+    def _augmented(self, key: Key, device) -> torch.Tensor:
+        weights, bias = self.compute_mixing(self.token_index(key, device))
+        groups, n, _ = weights.shape
+        return torch.cat([weights, bias.view(1, n, 1).expand(groups, n, 1)],
+                         dim=2)
+
+    def mixing_matrices(self, key: Key) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The model's own mixing matrices (groups, n, n) and bias (n,) for
+        the real tokens of a window class; ``key`` is the in-window
+        rectangle (r0, r1, c0, c1), the full window (0, wh, 0, ww)."""
+        augmented = self.augmented_mixing(key)
+        return augmented[..., :-1], augmented[0, :, -1]
 
     def clear_cache(self):
         self._mixing_cache.clear()

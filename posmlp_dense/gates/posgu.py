@@ -59,7 +59,7 @@ class PoSGU(GateUnit):
                 batch: int) -> torch.Tensor:
         u, v = hidden.chunk(2, dim=-1)
         return mix_tokens(u, v, plan, batch, self.groups,
-                          self.mixing_matrices)
+                          self.augmented_mixing)
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, pos_only={self.pos_only}'

@@ -45,7 +45,7 @@ class SGU(GateUnit):
                 batch: int) -> torch.Tensor:
         u, v = hidden.chunk(2, dim=-1)
         u = self.norm_list[0](u)
-        return mix_tokens(u, v, plan, batch, 1, self.mixing_matrices)
+        return mix_tokens(u, v, plan, batch, 1, self.augmented_mixing)
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, window={self.window}'
