@@ -50,11 +50,9 @@ def mix_tokens(u: torch.Tensor, v: torch.Tensor, plan: WindowPlan,
         if weights.dtype != u.dtype:  # e.g. fp32 matrices, bf16 tokens
             weights = weights.to(u.dtype)
         # (groups, n + 1, windows * per_group): u per group, then ones
-        cols = u.new_empty(groups, n + 1, windows * per_group)
-        cols[:, :n].view(groups, n, windows, per_group).copy_(
-            u_c.permute(3, 0, 1, 2))
-        cols[:, n].fill_(1.0)
-        mixed = torch.bmm(weights, cols)
+        ones = u.new_ones(()).expand(groups, 1, windows, per_group)
+        cols = torch.cat([u_c.permute(3, 0, 1, 2), ones], dim=1)
+        mixed = torch.bmm(weights, cols.view(groups, n + 1, -1))
         mixed = mixed.view(groups, n, windows, per_group).permute(1, 2, 3, 0)
         if out is None:
             parts.append(torch.mul(v_c, mixed).view(rows, K))

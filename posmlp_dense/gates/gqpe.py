@@ -26,10 +26,13 @@ from ..relative_position import gqpe_offset_features
 from .position_bias import PositionBias
 
 # Softmax weights below this are set to zero. At initialization most of a
-# window's weights are far below 1e-38 (subnormal floats), and CPU matmuls on
-# subnormals run several times slower. A weight under 2^-100 changes an
-# output by less than 1e-30 times the mixed value, far below fp32 precision.
-NEGLIGIBLE_WEIGHT = 2.0 ** -100
+# window's weights are far below 1e-38 (subnormal floats), and CPU matmuls
+# whose inputs or products are subnormal run several times slower; in the
+# backward pass tiny weights times small gradients land there too. All
+# weights of a query sum to 1, so the dropped ones change an output by less
+# than N * 2^-40 (< 2e-10 for N = 196) times the largest mixed value: far
+# below fp32 resolution (2^-24).
+NEGLIGIBLE_WEIGHT = 2.0 ** -40
 
 
 class GQPE(PositionBias):
@@ -81,7 +84,7 @@ class GQPE(PositionBias):
 
     def weights(self, index: torch.Tensor) -> torch.Tensor:
         """(groups, n, n) softmax mixing weights among the given tokens."""
-        feats = self.rel_indices[index][:, index]
+        feats = self.geometry(index, self.rel_indices)
         scores = torch.einsum('mnf,sf->smn', feats, self.score_coefficients())
         weights = scores.softmax(dim=-1)
         return torch.where(weights < NEGLIGIBLE_WEIGHT,

@@ -38,7 +38,7 @@ class LRPE(PositionBias):
         nn.init.zeros_(self.token_proj_n_bias)
 
     def weights(self, index: torch.Tensor) -> torch.Tensor:
-        rel = self.window_relative_position_index[index][:, index]
+        rel = self.geometry(index, self.window_relative_position_index)
         n = index.numel()
         table = self.window_relative_position_bias_table
         return table[rel.reshape(-1)].view(n, n, self.groups).permute(2, 0, 1)

@@ -37,7 +37,24 @@ class PositionBias(nn.Module):
         self.window = tuple(window)
         self.token_proj_n_bias = nn.Parameter(
             torch.zeros(1, self.window[0] * self.window[1], 1))
+        self._geometry_cache = {}
         self.register_load_state_dict_pre_hook(_adapt_state_dict)
+
+    def geometry(self, index: torch.Tensor, table: torch.Tensor
+                 ) -> torch.Tensor:
+        """``table[index][:, index]``: a (N, N, ...) geometry buffer
+        restricted to some tokens. It depends on the window shape only, so
+        it is computed once per window class and device."""
+        key = (index.data_ptr(), index.numel(), table.data_ptr())
+        cached = self._geometry_cache.get(key)
+        if cached is None or cached[0] is not index:
+            cached = (index, table[index][:, index])
+            self._geometry_cache[key] = cached
+        return cached[1]
+
+    def _apply(self, fn, *args, **kwargs):
+        self._geometry_cache.clear()  # buffers move: cached views go stale
+        return super()._apply(fn, *args, **kwargs)
 
     def bias(self, index: torch.Tensor) -> torch.Tensor:
         return self.token_proj_n_bias.view(-1)[index]
