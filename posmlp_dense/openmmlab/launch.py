@@ -49,7 +49,19 @@ def load_config(path: str, cfg_options: Optional[dict] = None,
 
 
 def use_cpu_distributed(cfg: Config):
-    """Distributed runs without GPUs: gloo, and a DDP that takes CPU models."""
+    """Distributed runs without GPUs: gloo, and a DDP that takes CPU models.
+
+    mmengine's own process-group set-up always selects a CUDA device, so
+    for CPU runs the gloo group is created here, from torchrun's
+    environment; mmengine then finds it initialized and uses it.
+    """
+    if cfg.launcher != 'pytorch':
+        raise ValueError(f'distributed runs without GPUs support '
+                         f'--launcher pytorch (torchrun) only, got '
+                         f'{cfg.launcher!r}')
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group(backend='gloo')
     env = cfg.setdefault('env_cfg', {})
     env['dist_cfg'] = dict(backend='gloo')
     wrapper = cfg.get('model_wrapper_cfg') or {}

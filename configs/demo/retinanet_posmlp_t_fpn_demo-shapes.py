@@ -1,0 +1,76 @@
+# The out-of-the-box demo: RetinaNet-PosMLP on the built-in shapes set
+# (python tools/make_demo_data.py), small enough to train on a CPU in
+# minutes. It inherits the real COCO config and changes only the data, the
+# image size, the schedule and the model width.
+_base_ = '../retinanet_posmlp_t_fpn_1x_coco.py'
+
+classes = ('circle', 'square', 'triangle')
+palette = [(220, 20, 60), (0, 130, 255), (255, 190, 0)]
+data_root = 'data/demo_coco/'
+image_scale = (256, 192)  # (w, h), the size the set is generated at
+
+model = dict(
+    backbone=dict(
+        arch=dict(
+            _delete_=True,
+            embed_dims=(32, 64, 128, 256),
+            depths=(1, 1, 2, 1),
+            mlp_ratio=(4, 4, 4, 2),
+            gamma=(8, 16, 32, 64),
+            window_size=(14, 14, 14, 7)),
+        drop_path_rate=0.0,
+        init_cfg=None),  # trained from scratch: no ImageNet weights here
+    neck=dict(in_channels=[64, 128, 256], out_channels=64),
+    bbox_head=dict(num_classes=len(classes), in_channels=64,
+                   feat_channels=64))
+
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='Resize', scale=image_scale, keep_ratio=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackDetInputs'),
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=image_scale, keep_ratio=True),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='PackDetInputs',
+         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                    'scale_factor')),
+]
+train_dataloader = dict(
+    batch_size=8,
+    num_workers=1,
+    dataset=dict(
+        data_root=data_root,
+        metainfo=dict(classes=classes, palette=palette),
+        ann_file='annotations/instances_train.json',
+        data_prefix=dict(img='train/'),
+        pipeline=train_pipeline))
+val_dataloader = dict(
+    batch_size=8,
+    num_workers=1,
+    dataset=dict(
+        data_root=data_root,
+        metainfo=dict(classes=classes, palette=palette),
+        ann_file='annotations/instances_val.json',
+        data_prefix=dict(img='val/'),
+        pipeline=test_pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
+test_evaluator = val_evaluator
+
+max_epochs = 12
+train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0,
+         end=50),
+    dict(type='CosineAnnealingLR', by_epoch=True, begin=0, end=max_epochs,
+         eta_min=1e-5),
+]
+optim_wrapper = dict(optimizer=dict(lr=1e-3))
+default_hooks = dict(
+    logger=dict(interval=8),
+    checkpoint=dict(interval=max_epochs, max_keep_ckpts=2))
+randomness = dict(seed=0)
