@@ -68,7 +68,7 @@ val_dataloader = dict(
         pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
-iters = 400
+iters = 600
 train_cfg = dict(max_iters=iters, val_interval=iters)
 default_hooks = dict(
     logger=dict(interval=20),
