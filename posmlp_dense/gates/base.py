@@ -47,6 +47,9 @@ class GateUnit(nn.Module):
         """Mixing matrices (groups, n, n) and bias (n,) for these tokens."""
         raise NotImplementedError
 
+    # The cache is Python bookkeeping; under torch.compile it runs eagerly
+    # (one window class per call would otherwise recompile each time).
+    @torch.compiler.disable
     def augmented_mixing(self, key: Key) -> torch.Tensor:
         """(groups, n, n + 1): the mixing matrices with the bias appended.
 
