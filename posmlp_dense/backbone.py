@@ -115,7 +115,13 @@ class PosMLP(nn.Module):
         if isinstance(out_indices, int):
             out_indices = (out_indices,)
         out_indices = tuple(out_indices)
+        if not out_indices:
+            raise ValueError(f'out_indices is empty: name at least one level '
+                             f'in [0, {num_levels - 1}] to return')
         check_index_range('out_indices', out_indices, num_levels)
+        if len(set(out_indices)) != len(out_indices):
+            raise ValueError(f'out_indices names a level more than once: '
+                             f'{out_indices!r}')
         if not isinstance(frozen_stages, int) or not (
                 -1 <= frozen_stages <= num_levels):
             raise ValueError(f'frozen_stages must be an int in [-1, '
@@ -223,6 +229,15 @@ class PosMLP(nn.Module):
         if not x.is_floating_point():
             raise TypeError(f'PosMLP expects a floating-point image, got '
                             f'{x.dtype}; convert and normalize it first')
+        weight = self.patch_embed.projs[0].weight
+        if x.device != weight.device:
+            raise ValueError(f'PosMLP input is on {x.device} but the model '
+                             f'is on {weight.device}; move one of them')
+        if x.dtype != weight.dtype and not torch.is_autocast_enabled(
+                x.device.type):
+            raise TypeError(f'PosMLP input is {x.dtype} but the model '
+                            f'weights are {weight.dtype}; cast the input '
+                            f'(or the model), or run under torch.autocast')
         if self.check_finite and not bool(torch.isfinite(x).all()):
             bad = int((~torch.isfinite(x)).sum())
             raise ValueError(f'PosMLP input has {bad} non-finite (NaN/Inf) '

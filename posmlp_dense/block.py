@@ -32,8 +32,9 @@ class PosMLPBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, plan: WindowPlan,
                 batch: int) -> torch.Tensor:
-        hidden = self.act(self.proj_c_e(self.norm(x)))
-        out = self.proj_c_s(self.gate_unit(hidden, plan, batch))
+        hidden = self.proj_c_e(self.norm(x))
+        # the gate applies the GELU, fused with its own passes in inference
+        out = self.proj_c_s(self.gate_unit(hidden, plan, batch, self.act))
         if self.training and self.drop_path > 0:
             # stochastic depth per sample; samples are spread over windows
             keep = 1.0 - self.drop_path

@@ -54,16 +54,58 @@ def register_safe_globals(*objects):
             _EXTRA_SAFE_GLOBALS.append(obj)
 
 
+# How torch's safe unpickler words a refused object (a global that is not
+# allowlisted, a call of one, an object of a class that is not allowed) ...
+_REFUSED_MARKERS = ('GLOBAL', 'unrecognized function',
+                    'Can only create new object', 'Can only build')
+# ... and bytes that are no pickle at all.
+_CORRUPT_MARKERS = ('Unsupported operand', 'String is too long',
+                    'unsupported persistent id')
+
+
 def safe_globals() -> List[object]:
     """Types allowed by ``weights_only`` loading besides tensors/containers."""
     return [argparse.Namespace, *_EXTRA_SAFE_GLOBALS]
 
 
+def _refuse_non_checkpoint(path: str):
+    """Name the usual impostors: a Git LFS pointer, a saved error page."""
+    with open(path, 'rb') as f:
+        head = f.read(256)
+    if head.startswith(b'version https://git-lfs'):
+        raise CheckpointError(f'{path} is a Git LFS pointer file, not the '
+                              f'checkpoint itself; fetch the real file (git '
+                              f'lfs pull)')
+    if head.lstrip().lower().startswith((b'<!doctype html', b'<html',
+                                         b'<?xml')):
+        raise CheckpointError(f'{path} is an HTML/XML page (a failed '
+                              f'download?), not a checkpoint')
+
+
+# torch's advice to retry with weights_only=False, and miniz's boilerplate:
+# neither helps with a damaged file
+_BOILERPLATE = (' In PyTorch 2.6', ' This is an internal miniz error')
+
+
+def _short(reason: str) -> str:
+    for marker in _BOILERPLATE:
+        reason = reason.split(marker, 1)[0]
+    return reason.strip()
+
+
 def read_checkpoint(path: str) -> dict:
     """Read a ``.pth``/``.pt``/``.safetensors`` file safely into a dict."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f'checkpoint path {path} is a directory, not '
+                                f'a checkpoint file')
     if not os.path.isfile(path):
         raise FileNotFoundError(f'checkpoint not found: {path}')
+    if os.path.getsize(path) == 0:
+        raise CheckpointError(f'cannot read checkpoint {path}: the file is '
+                              f'empty (0 bytes), e.g. cut off while it was '
+                              f'being written')
+    _refuse_non_checkpoint(path)
     if path.endswith('.safetensors'):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -77,16 +119,37 @@ def read_checkpoint(path: str) -> dict:
         with torch.serialization.safe_globals(safe_globals()):
             ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as err:
-        detail = str(err).strip().splitlines()
-        reason = next((line for line in detail if 'GLOBAL' in line
-                       or 'Unsupported' in line), detail[0] if detail else '')
+        lines = [line.strip() for line in str(err).splitlines()
+                 if line.strip()]
+        refused = next((line for line in lines
+                        if any(m in line for m in _REFUSED_MARKERS)), None)
+        if refused is not None:
+            raise CheckpointError(
+                f'refused to load {path}: it contains pickled Python objects '
+                f'that safe loading (weights_only=True) does not allow, and '
+                f'they were not run. Detail: {refused}') from err
+        # anything else the safe unpickler trips over is not a pickle at
+        # all: random bytes, a cut-off legacy file, another format
+        reason = next((line for line in lines
+                       if line.startswith(_CORRUPT_MARKERS)),
+                      lines[-1] if lines else type(err).__name__)
         raise CheckpointError(
-            f'refused to load {path}: it contains pickled Python objects that '
-            f'safe loading (weights_only=True) does not allow, and they were '
-            f'not run. Detail: {reason}') from err
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
+            f'cannot read checkpoint {path}: the file is truncated or corrupt '
+            f'(not a valid checkpoint: {_short(reason)})') from err
+    except MemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001
+        # RuntimeError/BadZipFile/EOFError for a cut-off or damaged file; on
+        # random bytes the unpickler can also fail with IndexError, KeyError,
+        # UnicodeDecodeError, ...
+        reason = str(err).strip() or (
+            'the data ends early' if isinstance(err, EOFError) else '')
+        if not isinstance(err, (RuntimeError, EOFError, zipfile.BadZipFile,
+                                OSError)) or not reason:
+            reason = f'{type(err).__name__}: {reason}'.rstrip(': ')
         raise CheckpointError(f'cannot read checkpoint {path}: the file is '
-                              f'truncated or corrupt ({err})') from err
+                              f'truncated or corrupt ({_short(reason)})'
+                              ) from err
     if not isinstance(ckpt, dict):
         raise CheckpointError(f'checkpoint {path} holds a {type(ckpt).__name__}'
                               f', not a dict of weights')

@@ -11,14 +11,18 @@ re-arrangement of u into (groups, n, windows * channels_per_group) the mixing
 of every window of the class is a single batched matmul. The bias rides
 along as an extra column of P against a row of ones under u (no separate
 pass over the output), and the product with v is written straight back in
-token order. Memory traffic per block: one copy of u, the matmul, one fused
-multiply.
+token order.
+
+Without autograd (inference) nothing is allocated twice: the block's GELU
+runs in place on the hidden tensor, and the gated product is written back
+into v's storage.
 """
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
+from torch import nn
 
 from .windows import WindowPlan
 
@@ -27,39 +31,70 @@ AugmentedMixingFn = Callable[[Tuple[int, int, int, int]], torch.Tensor]
 
 
 def mix_tokens(u: torch.Tensor, v: torch.Tensor, plan: WindowPlan,
-               batch: int, groups: int,
-               mixing: AugmentedMixingFn) -> torch.Tensor:
-    """Gated token mixing of a (T, K) buffer; returns a contiguous (T, K).
+               batch: int, groups: int, mixing: AugmentedMixingFn,
+               activation: Optional[nn.Module] = None) -> torch.Tensor:
+    """Gated token mixing of a (T, K) buffer; returns a (T, K) tensor.
 
     ``u`` and ``v`` are (T, K) (they may be strided halves of one tensor);
     channel k belongs to group ``k % groups`` as in the published code.
+    With an ``activation`` they are pre-activations and it is applied to
+    both first. Without autograd the result is written into ``v``'s storage
+    (the caller's own intermediate) and returned as a view of it.
     """
-    T, K = u.shape
-    per_group = K // groups
-    track_grad = torch.is_grad_enabled()
-    # Without autograd every class writes into one output buffer; with it,
-    # the classes are concatenated (in-place writes would break the graph).
-    out = None if track_grad else v.new_empty(T, K)
-    parts = []
+    if torch.is_grad_enabled():
+        if activation is not None:
+            u, v = activation(u), activation(v)
+        return _mix_with_autograd(u, v, plan, batch, groups, mixing)
+    fuse_gelu = isinstance(activation, nn.GELU) and \
+        activation.approximate == 'none'
+    if activation is not None and not fuse_gelu:
+        u, v = activation(u), activation(v)
+    return _mix_in_place(u, v, plan, batch, groups, mixing, fuse_gelu)
+
+
+def _class_views(u, v, plan, batch, groups):
+    """(key, n, windows, u block, v block) per window class."""
+    per_group = u.shape[1] // groups
     offset = 0
     for (n, windows), cls in zip(plan.class_sizes(batch), plan.classes):
         rows = n * windows
-        u_c = u[offset:offset + rows].view(n, windows, per_group, groups)
-        v_c = v[offset:offset + rows].view(n, windows, per_group, groups)
-        weights = mixing(cls.key)
-        if weights.dtype != u.dtype:  # e.g. fp32 matrices, bf16 tokens
-            weights = weights.to(u.dtype)
-        # (groups, n + 1, windows * per_group): u per group, then ones
-        ones = u.new_ones(()).expand(groups, 1, windows, per_group)
-        cols = torch.cat([u_c.permute(3, 0, 1, 2), ones], dim=1)
-        mixed = torch.bmm(weights, cols.view(groups, n + 1, -1))
-        mixed = mixed.view(groups, n, windows, per_group).permute(1, 2, 3, 0)
-        if out is None:
-            parts.append(torch.mul(v_c, mixed).view(rows, K))
-        else:
-            torch.mul(v_c, mixed, out=out[offset:offset + rows].view(
-                n, windows, per_group, groups))
+        shape = (n, windows, per_group, groups)
+        yield (cls.key, n, windows, u[offset:offset + rows].view(shape),
+               v[offset:offset + rows].view(shape))
         offset += rows
-    if out is not None:
-        return out
+
+
+def _mixing_input(u_c, n, windows, per_group, groups):
+    """(groups, n + 1, windows, per_group): u per group, then ones."""
+    ones = u_c.new_ones(()).expand(groups, 1, windows, per_group)
+    return torch.cat([u_c.permute(3, 0, 1, 2), ones], dim=1)
+
+
+def _mix(weights, cols, n, windows, per_group, groups):
+    """(groups, n, n+1) @ (groups, n+1, cols) -> (n, windows, V, groups)."""
+    if weights.dtype != cols.dtype:  # e.g. fp32 matrices, bf16 tokens
+        weights = weights.to(cols.dtype)
+    mixed = torch.bmm(weights, cols.view(groups, n + 1, -1))
+    return mixed.view(groups, n, windows, per_group).permute(1, 2, 3, 0)
+
+
+def _mix_with_autograd(u, v, plan, batch, groups, mixing):
+    T, K = u.shape
+    per_group = K // groups
+    parts = []
+    for key, n, windows, u_c, v_c in _class_views(u, v, plan, batch, groups):
+        cols = _mixing_input(u_c, n, windows, per_group, groups)
+        mixed = _mix(mixing(key), cols, n, windows, per_group, groups)
+        parts.append(torch.mul(v_c, mixed).view(n * windows, K))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _mix_in_place(u, v, plan, batch, groups, mixing, gelu):
+    per_group = u.shape[1] // groups
+    if gelu:  # in place, row by row: the fast, vectorized direction
+        torch.ops.aten.gelu_(u)
+        torch.ops.aten.gelu_(v)
+    for key, n, windows, u_c, v_c in _class_views(u, v, plan, batch, groups):
+        cols = _mixing_input(u_c, n, windows, per_group, groups)
+        v_c.mul_(_mix(mixing(key), cols, n, windows, per_group, groups))
+    return v

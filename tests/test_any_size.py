@@ -234,3 +234,17 @@ def test_gradients_flow_in_eval_mode_with_grad_enabled():
     out.backward()
     pos = model.levels[0].encoder[0].gate_unit.pos
     assert pos.attention_centers.grad is not None
+
+
+@pytest.mark.parametrize('gate', ['gqpe', 'lrpe', 'sgu'])
+def test_inference_path_equals_autograd_path(gate):
+    """Without autograd the GELU and gating run fused and in place; with it,
+    out of place. Both must compute the same thing."""
+    model = _model(gate)
+    x = torch.randn(2, 3, 97, 161)
+    with torch.no_grad():
+        fast = model.forward_levels(x)
+    with torch.enable_grad():
+        plain = model.forward_levels(x.requires_grad_())
+    for a, b in zip(fast, plain):
+        assert (a - b.detach()).abs().max() <= 1e-5

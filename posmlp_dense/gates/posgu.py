@@ -7,7 +7,7 @@ the per-group matrices of a positional encoding (GQPE or LRPE, at
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -55,11 +55,13 @@ class PoSGU(GateUnit):
             weights = weights + self.token_proj_n_weight[:, index][:, :, index]
         return weights, self.pos.bias(index)
 
-    def forward(self, hidden: torch.Tensor, plan: WindowPlan,
-                batch: int) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, plan: WindowPlan, batch: int,
+                activation: Optional[nn.Module] = None) -> torch.Tensor:
+        """``hidden`` (T, 2K) -> (T, K); ``activation`` (the block's GELU)
+        is applied to ``hidden`` first, fused with the mixing where it can."""
         u, v = hidden.chunk(2, dim=-1)
         return mix_tokens(u, v, plan, batch, self.groups,
-                          self.augmented_mixing)
+                          self.augmented_mixing, activation)
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, pos_only={self.pos_only}'

@@ -8,7 +8,7 @@ ablations; state-dict names follow the published code (``norm_list.0``,
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -41,8 +41,10 @@ class SGU(GateUnit):
         proj = self.proj_list[0]
         return proj.weight[index][:, index].unsqueeze(0), proj.bias[index]
 
-    def forward(self, hidden: torch.Tensor, plan: WindowPlan,
-                batch: int) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, plan: WindowPlan, batch: int,
+                activation: Optional[nn.Module] = None) -> torch.Tensor:
+        if activation is not None:
+            hidden = activation(hidden)
         u, v = hidden.chunk(2, dim=-1)
         u = self.norm_list[0](u)
         return mix_tokens(u, v, plan, batch, 1, self.augmented_mixing)

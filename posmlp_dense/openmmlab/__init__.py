@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 
+from . import atomic_checkpoints  # noqa: F401  (registers 'local_atomic')
 from .backbone import MMPosMLP
 from .cpu_ddp import CPUCompatibleDDP
 from .safe_checkpoints import allow_mmengine_checkpoints
