@@ -55,13 +55,14 @@ def mix_tokens(u: torch.Tensor, v: torch.Tensor, plan: WindowPlan,
 def _class_views(u, v, plan, batch, groups):
     """(key, n, windows, u block, v block) per window class."""
     per_group = u.shape[1] // groups
-    offset = 0
-    for (n, windows), cls in zip(plan.class_sizes(batch), plan.classes):
-        rows = n * windows
+    sizes = plan.class_sizes(batch)
+    # split, not slicing: its backward concatenates the blocks' gradients
+    # instead of zero-filling a full-size gradient for every block
+    rows = [n * windows for n, windows in sizes]
+    for (n, windows), cls, u_c, v_c in zip(sizes, plan.classes,
+                                           u.split(rows), v.split(rows)):
         shape = (n, windows, per_group, groups)
-        yield (cls.key, n, windows, u[offset:offset + rows].view(shape),
-               v[offset:offset + rows].view(shape))
-        offset += rows
+        yield cls.key, n, windows, u_c.view(shape), v_c.view(shape)
 
 
 def _mixing_input(u_c, n, windows, per_group, groups):
