@@ -21,7 +21,11 @@ model = dict(
 iters = 40000
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=iters,
                  val_interval=4000)
-default_hooks = dict(checkpoint=dict(by_epoch=False, interval=4000))
+# Checkpoints are written to a temporary file and renamed into place, so a
+# run killed mid-write never leaves a partial epoch_N.pth / iter_N.pth.
+default_hooks = dict(
+    checkpoint=dict(by_epoch=False, interval=4000,
+                    backend_args=dict(backend='local_atomic')))
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',

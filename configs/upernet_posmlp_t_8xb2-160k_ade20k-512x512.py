@@ -24,3 +24,8 @@ optim_wrapper = dict(
     optimizer=dict(
         type='AdamW', lr=0.00006, betas=(0.9, 0.999), weight_decay=0.01),
     paramwise_cfg=_base_.posmlp_paramwise_cfg)
+
+# Checkpoints are written to a temporary file and renamed into place, so a
+# run killed mid-write never leaves a partial epoch_N.pth / iter_N.pth.
+default_hooks = dict(
+    checkpoint=dict(backend_args=dict(backend='local_atomic')))

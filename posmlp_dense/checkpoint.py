@@ -82,15 +82,17 @@ def _refuse_non_checkpoint(path: str):
                               f'download?), not a checkpoint')
 
 
-# torch's advice to retry with weights_only=False, and miniz's boilerplate:
-# neither helps with a damaged file
-_BOILERPLATE = (' In PyTorch 2.6', ' This is an internal miniz error')
+# torch's advice to retry with weights_only=False or to allowlist what it
+# refused, and miniz's boilerplate: none of it helps with a damaged or
+# malicious file
+_BOILERPLATE = (' In PyTorch 2.6', ' This is an internal miniz error',
+                ' Please use `torch.serialization.add_safe_globals')
 
 
 def _short(reason: str) -> str:
     for marker in _BOILERPLATE:
         reason = reason.split(marker, 1)[0]
-    return reason.strip()
+    return reason.replace('WeightsUnpickler error: ', '').strip()
 
 
 def read_checkpoint(path: str) -> dict:
@@ -127,7 +129,7 @@ def read_checkpoint(path: str) -> dict:
             raise CheckpointError(
                 f'refused to load {path}: it contains pickled Python objects '
                 f'that safe loading (weights_only=True) does not allow, and '
-                f'they were not run. Detail: {refused}') from err
+                f'they were not run. Detail: {_short(refused)}') from err
         # anything else the safe unpickler trips over is not a pickle at
         # all: random bytes, a cut-off legacy file, another format
         reason = next((line for line in lines
