@@ -1,0 +1,180 @@
+"""tools/benchmark.py in a tiny configuration (no timing assertions)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+from posmlp_dense import PosMLP
+
+from conftest import randomize_
+
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'tools')
+
+# Windows that tile every level of a 112 x 112 input: maps 28, 14, 7, 4.
+ARCH = dict(embed_dims=[16, 32, 64, 128], depths=[1, 1, 2, 1],
+            mlp_ratio=[4, 4, 4, 2], gamma=[4, 8, 16, 32],
+            window_size=[7, 7, 7, 4])
+SIZE = 112
+
+
+@pytest.fixture(scope='module')
+def bench():
+    spec = importlib.util.spec_from_file_location(
+        'posmlp_benchmark', os.path.join(TOOLS, 'benchmark.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def level_maps(size: int):
+    """Map side of each level: stem /4 (two stride-2 convs), then /2."""
+    def down(s):
+        return (s + 2 - 3) // 2 + 1
+    side = down(down(size))
+    sides = [side]
+    for _ in ARCH['embed_dims'][1:]:
+        sides.append(down(sides[-1]))
+    return sides
+
+
+def expected_macs(size: int):
+    """(convolutions + channel MLPs, token mixing) multiply-adds at batch 1.
+
+    The mixing is the range [T n K, T (n + 1) K] per block: T tokens, n
+    tokens per window, K gate channels; an implementation may fold the
+    per-query bias into the matmul as one more column.
+    """
+    dims, sides = ARCH['embed_dims'], level_maps(size)
+    c0 = dims[0]
+    half = size // 2 + size % 2
+    dense = half * half * (c0 // 2) * 3 * 9          # stem conv 3x3/2
+    dense += sides[0] ** 2 * c0 * (c0 // 2) * 9       # stem conv 3x3/2
+    dense += sides[0] ** 2 * c0 * c0                  # stem conv 1x1
+    mix_lo = mix_hi = 0
+    for i, dim in enumerate(dims):
+        tokens = sides[i] ** 2
+        if i:  # depthwise-grouped conv 3x3/2: one input channel per output
+            dense += tokens * dim * 9
+        hidden = int(ARCH['mlp_ratio'][i] * dim)
+        k = hidden // 2
+        n = ARCH['window_size'][i] ** 2
+        for _ in range(ARCH['depths'][i]):
+            dense += tokens * (dim * hidden + k * dim)
+            mix_lo += tokens * n * k
+            mix_hi += tokens * (n + 1) * k
+    return dense, mix_lo, mix_hi
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: on a small, busy machine two threads per process
+    can stall for seconds; the benchmark itself keeps torch's default."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_benchmark_main_tiny(bench, tmp_path, one_thread):
+    out = tmp_path / 'bench' / 'b.json'
+    report = bench.main([
+        '--device', 'cpu', '--models', 'posmlp_t,published_port',
+        '--fwdbwd-models', 'posmlp_t,published_port',
+        '--posmlp-arch', json.dumps(ARCH), '--sizes', str(SIZE),
+        '--batches', '1', '--modes', 'fwd,fwdbwd', '--repeats', '1',
+        '--warmup', '1', '--scaling-sizes', '64,96',
+        '--scaling-models', 'posmlp_t', '--scaling-repeats', '1',
+        '--check-size', str(SIZE), '--calib-size', '256',
+        '--out', str(out)])
+    data = json.loads(out.read_text())
+    assert (tmp_path / 'bench' / 'b.md').read_text().startswith('###')
+    assert (tmp_path / 'bench' / 'b.png').stat().st_size > 0
+
+    env = data['environment']
+    for key in ('torch', 'threads', 'device', 'time'):
+        assert key in env
+    assert env['threads'] >= 1
+    assert data['calibration']['peak_gflops'] > 0
+
+    got = {(r['model'], r['mode']) for r in data['results']}
+    assert got == {('posmlp_t', 'fwd'), ('published_port', 'fwd'),
+                   ('posmlp_t', 'fwdbwd'), ('published_port', 'fwdbwd')}
+    for r in data['results']:
+        assert r['size'] == [SIZE, SIZE] and r['batch'] == 1
+        assert len(r['times']) == 1 and len(r['warmup_times']) == 1
+        for key in ('median_s', 'images_per_s', 'params', 'gmacs_per_image',
+                    'gflops_per_s', 'fraction_of_matmul'):
+            assert r[key] > 0, (r['model'], key)
+        assert r['peak_mem_mb'] is not None and r['peak_mem_mb'] >= 0
+
+    # the published port reproduces PosMLP at a size the windows tile
+    assert data['port_check']['ok'], data['port_check']
+    # targets and scaling lines exist
+    assert data['targets']['posmlp_vs_port']
+    fit = data['scaling']['posmlp_t']
+    assert fit['sizes'] == [[64, 64], [96, 96]]
+    assert all(s > 0 for s in fit['median_s'])
+    assert isinstance(fit['exponent'], float)
+
+    # the MAC counter sees the token mixing, not only the channel MLPs
+    dense, mix_lo, mix_hi = expected_macs(SIZE)
+    macs = data['macs']['posmlp_t']['fwd'][f'{SIZE}x{SIZE}']['gmacs'] * 1e9
+    assert dense + mix_lo <= macs <= dense + mix_hi + 1e-3 * dense
+    assert macs - dense >= 0.99 * mix_lo
+    port = data['macs']['published_port']['fwd'][f'{SIZE}x{SIZE}']['gmacs']
+    # the port also computes its posmaps in every forward: per block, the
+    # (n, n, 5) offset features times (5, groups) score coefficients, and
+    # the groups' 2x2 spreads times their transposes
+    posmaps = sum((ARCH['window_size'][i] ** 4 * 5 + 8) * ARCH['gamma'][i]
+                  * depth for i, depth in enumerate(ARCH['depths']))
+    assert port * 1e9 == pytest.approx(dense + mix_lo + posmaps, rel=1e-9)
+    # forward + backward counts the backward matmuls too
+    fb = data['macs']['posmlp_t']['fwdbwd'][f'{SIZE}x{SIZE}']['gmacs'] * 1e9
+    assert fb > 2 * macs
+    assert report['results'][0]['model'] == data['results'][0]['model']
+
+
+@pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
+def test_published_port_matches(bench, gate):
+    torch.manual_seed(0)
+    model = randomize_(PosMLP(ARCH, gate=gate,
+                              out_indices=(0, 1, 2, 3))).eval()
+    port = bench.PublishedPort(model)
+    x = torch.randn(2, 3, SIZE, SIZE)
+    with torch.no_grad():
+        ref, got = model(x), port(x)
+    for a, b in zip(ref, got):
+        assert a.shape == b.shape
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+    # any other size runs on zero-padded windows (not masked: no equality)
+    with torch.no_grad():
+        ref, got = model(torch.randn(1, 3, 100, 90)), port(
+            torch.randn(1, 3, 100, 90))
+    assert [a.shape for a in ref] == [b.shape for b in got]
+    # train mode: gradients reach the shared parameters
+    model.train()
+    sum(o.mean() for o in port(x[:1])).backward()
+    pos = model.levels[0].encoder[0].gate_unit.pos
+    assert all(p.grad is not None for p in pos.parameters())
+
+
+def test_fit_exponent(bench):
+    px = [512 ** 2, 1024 ** 2, 1600 ** 2]
+    fit = bench.fit_exponent(px, [3e-7 * p for p in px])
+    assert abs(fit['exponent'] - 1.0) < 1e-9 and fit['r2'] > 0.999
+    fit = bench.fit_exponent(px, [1e-9 * p ** 1.5 for p in px])
+    assert abs(fit['exponent'] - 1.5) < 1e-9
+
+
+def test_peak_memory_sees_an_allocation(bench):
+    mem = bench.PeakMemory(torch.device('cpu'))
+    with mem:
+        x = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB, touched
+        del x
+    if mem.peak is None:
+        pytest.skip('no /proc on this system')
+    assert mem.peak >= 48 * 2 ** 20, (mem.method, mem.peak)
