@@ -15,6 +15,7 @@ from .downsample import ConvDownsample
 from .gates import GQPE, LRPE, SGU
 from .stem import ConvStem
 from .windows import WindowPlan, make_plan
+from .workspace import Workspace
 
 
 class PosMLPLevel(nn.Module):
@@ -60,12 +61,23 @@ class PosMLPLevel(nn.Module):
         plans = self.plans(H, W)
         current = plans[0]
         tokens = current.partition(x)
+        # inference: the blocks share scratch buffers and update the token
+        # buffer in place (never the caller's tensor: partition may return a
+        # view of it, which is then copied first)
+        workspace = None
+        if not torch.is_grad_enabled() and not torch.is_autocast_enabled(
+                x.device.type):
+            workspace = Workspace()
+            if tokens._base is not None:
+                tokens = tokens.clone()
         for j, block in enumerate(self.encoder):
             plan = plans[j % len(plans)]
             if plan is not current:
                 tokens = plan.partition(current.reverse(tokens, B))
                 current = plan
-            if self.with_cp and tokens.requires_grad:
+            if workspace is not None:
+                tokens = block(tokens, plan, B, workspace)
+            elif self.with_cp and tokens.requires_grad:
                 tokens = cp.checkpoint(block, tokens, plan, B,
                                        use_reentrant=False)
             else:

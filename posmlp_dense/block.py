@@ -7,12 +7,15 @@ but the gate is per token, and the gate mixes tokens within windows.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
 from .archs import LevelSpec
 from .gates import build_gate
 from .windows import WindowPlan
+from .workspace import Workspace
 
 
 class PosMLPBlock(nn.Module):
@@ -30,8 +33,13 @@ class PosMLPBlock(nn.Module):
         self.proj_c_s = nn.Linear(spec.gate_channels, spec.dim)
         self.drop_path = drop_path
 
-    def forward(self, x: torch.Tensor, plan: WindowPlan,
-                batch: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, plan: WindowPlan, batch: int,
+                workspace: Optional[Workspace] = None) -> torch.Tensor:
+        """With a ``workspace`` (inference, see PosMLPLevel) intermediates go
+        into its buffers and ``x``, the level's own token buffer, is updated
+        in place."""
+        if workspace is not None:
+            return self._forward_in_place(x, plan, batch, workspace)
         hidden = self.proj_c_e(self.norm(x))
         # the gate applies the GELU, fused with its own passes in inference
         out = self.proj_c_s(self.gate_unit(hidden, plan, batch, self.act))
@@ -41,6 +49,20 @@ class PosMLPBlock(nn.Module):
             mask = x.new_empty(batch).bernoulli_(keep).div_(keep)
             out = out * plan.per_sample(mask)
         return x + out
+
+    def _forward_in_place(self, x, plan, batch, workspace):
+        T, C = x.shape
+        normed = workspace.get('normed', (T, C), x)
+        torch.ops.aten.native_layer_norm.out(
+            x, [C], self.norm.weight, self.norm.bias, self.norm.eps,
+            out0=normed, out1=workspace.get('mean', (T, 1), x),
+            out2=workspace.get('rstd', (T, 1), x))
+        proj = self.proj_c_e
+        hidden = workspace.get('hidden', (T, proj.out_features), x)
+        torch.addmm(proj.bias, normed, proj.weight.t(), out=hidden)
+        gated = self.gate_unit(hidden, plan, batch, self.act, workspace)
+        x.addmm_(gated, self.proj_c_s.weight.t())  # the residual, in place
+        return x.add_(self.proj_c_s.bias)
 
     def extra_repr(self) -> str:
         return f'drop_path={self.drop_path}'

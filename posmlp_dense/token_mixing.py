@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .windows import WindowPlan
+from .workspace import Workspace
 
 # key -> (groups, n, n + 1): the mixing matrices with the bias appended
 AugmentedMixingFn = Callable[[Tuple[int, int, int, int]], torch.Tensor]
@@ -32,14 +33,16 @@ AugmentedMixingFn = Callable[[Tuple[int, int, int, int]], torch.Tensor]
 
 def mix_tokens(u: torch.Tensor, v: torch.Tensor, plan: WindowPlan,
                batch: int, groups: int, mixing: AugmentedMixingFn,
-               activation: Optional[nn.Module] = None) -> torch.Tensor:
+               activation: Optional[nn.Module] = None,
+               workspace: Optional[Workspace] = None) -> torch.Tensor:
     """Gated token mixing of a (T, K) buffer; returns a (T, K) tensor.
 
     ``u`` and ``v`` are (T, K) (they may be strided halves of one tensor);
     channel k belongs to group ``k % groups`` as in the published code.
     With an ``activation`` they are pre-activations and it is applied to
     both first. Without autograd the result is written into ``v``'s storage
-    (the caller's own intermediate) and returned as a view of it.
+    (the caller's own intermediate) and returned as a view of it, and the
+    scratch buffers come from ``workspace`` when one is given.
     """
     if torch.is_grad_enabled():
         if activation is not None:
@@ -49,7 +52,8 @@ def mix_tokens(u: torch.Tensor, v: torch.Tensor, plan: WindowPlan,
         activation.approximate == 'none'
     if activation is not None and not fuse_gelu:
         u, v = activation(u), activation(v)
-    return _mix_in_place(u, v, plan, batch, groups, mixing, fuse_gelu)
+    return _mix_in_place(u, v, plan, batch, groups, mixing, fuse_gelu,
+                         workspace or Workspace())
 
 
 def _class_views(u, v, plan, batch, groups):
@@ -65,17 +69,23 @@ def _class_views(u, v, plan, batch, groups):
         yield cls.key, n, windows, u_c.view(shape), v_c.view(shape)
 
 
-def _mixing_input(u_c, n, windows, per_group, groups):
+def _mixing_input(u_c, n, windows, per_group, groups, out=None):
     """(groups, n + 1, windows, per_group): u per group, then ones."""
     ones = u_c.new_ones(()).expand(groups, 1, windows, per_group)
-    return torch.cat([u_c.permute(3, 0, 1, 2), ones], dim=1)
+    if out is None:
+        return torch.cat([u_c.permute(3, 0, 1, 2), ones], dim=1)
+    return torch.cat([u_c.permute(3, 0, 1, 2), ones], dim=1, out=out)
+
+
+def _matching_dtype(weights, cols):
+    # e.g. fp32 matrices, bf16 tokens under autocast
+    return weights if weights.dtype == cols.dtype else weights.to(cols.dtype)
 
 
 def _mix(weights, cols, n, windows, per_group, groups):
     """(groups, n, n+1) @ (groups, n+1, cols) -> (n, windows, V, groups)."""
-    if weights.dtype != cols.dtype:  # e.g. fp32 matrices, bf16 tokens
-        weights = weights.to(cols.dtype)
-    mixed = torch.bmm(weights, cols.view(groups, n + 1, -1))
+    mixed = torch.bmm(_matching_dtype(weights, cols),
+                      cols.view(groups, n + 1, -1))
     return mixed.view(groups, n, windows, per_group).permute(1, 2, 3, 0)
 
 
@@ -90,12 +100,17 @@ def _mix_with_autograd(u, v, plan, batch, groups, mixing):
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _mix_in_place(u, v, plan, batch, groups, mixing, gelu):
+def _mix_in_place(u, v, plan, batch, groups, mixing, gelu, workspace):
     per_group = u.shape[1] // groups
     if gelu:  # in place, row by row: the fast, vectorized direction
         torch.ops.aten.gelu_(u)
         torch.ops.aten.gelu_(v)
     for key, n, windows, u_c, v_c in _class_views(u, v, plan, batch, groups):
-        cols = _mixing_input(u_c, n, windows, per_group, groups)
-        v_c.mul_(_mix(mixing(key), cols, n, windows, per_group, groups))
+        cols = _mixing_input(u_c, n, windows, per_group, groups, out=workspace.get(
+            ('cols', key), (groups, n + 1, windows, per_group), u))
+        mixed = workspace.get(('mixed', key),
+                              (groups, n, windows * per_group), u)
+        torch.bmm(_matching_dtype(mixing(key), cols),
+                  cols.view(groups, n + 1, -1), out=mixed)
+        v_c.mul_(mixed.view(groups, n, windows, per_group).permute(1, 2, 3, 0))
     return v

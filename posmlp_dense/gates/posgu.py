@@ -15,6 +15,7 @@ from timm.layers import trunc_normal_
 
 from ..token_mixing import mix_tokens
 from ..windows import WindowPlan
+from ..workspace import Workspace
 from .base import GateUnit
 from .gqpe import GQPE
 from .lrpe import LRPE
@@ -56,12 +57,13 @@ class PoSGU(GateUnit):
         return weights, self.pos.bias(index)
 
     def forward(self, hidden: torch.Tensor, plan: WindowPlan, batch: int,
-                activation: Optional[nn.Module] = None) -> torch.Tensor:
+                activation: Optional[nn.Module] = None,
+                workspace: Optional[Workspace] = None) -> torch.Tensor:
         """``hidden`` (T, 2K) -> (T, K); ``activation`` (the block's GELU)
         is applied to ``hidden`` first, fused with the mixing where it can."""
         u, v = hidden.chunk(2, dim=-1)
         return mix_tokens(u, v, plan, batch, self.groups,
-                          self.augmented_mixing, activation)
+                          self.augmented_mixing, activation, workspace)
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, pos_only={self.pos_only}'

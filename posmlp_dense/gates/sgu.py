@@ -15,6 +15,7 @@ from torch import nn
 
 from ..token_mixing import mix_tokens
 from ..windows import WindowPlan
+from ..workspace import Workspace
 from .base import GateUnit
 
 
@@ -42,12 +43,14 @@ class SGU(GateUnit):
         return proj.weight[index][:, index].unsqueeze(0), proj.bias[index]
 
     def forward(self, hidden: torch.Tensor, plan: WindowPlan, batch: int,
-                activation: Optional[nn.Module] = None) -> torch.Tensor:
+                activation: Optional[nn.Module] = None,
+                workspace: Optional[Workspace] = None) -> torch.Tensor:
         if activation is not None:
             hidden = activation(hidden)
         u, v = hidden.chunk(2, dim=-1)
         u = self.norm_list[0](u)
-        return mix_tokens(u, v, plan, batch, 1, self.augmented_mixing)
+        return mix_tokens(u, v, plan, batch, 1, self.augmented_mixing,
+                          workspace=workspace)
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, window={self.window}'
