@@ -66,7 +66,7 @@ class PosMLPLevel(nn.Module):
         # view of it, which is then copied first)
         workspace = None
         if not torch.is_grad_enabled() and not torch.is_autocast_enabled(
-                x.device.type):
+                x.device.type) and not torch.compiler.is_compiling():
             workspace = Workspace()
             if tokens._base is not None:
                 tokens = tokens.clone()

@@ -44,7 +44,8 @@ def mix_tokens(u: torch.Tensor, v: torch.Tensor, plan: WindowPlan,
     (the caller's own intermediate) and returned as a view of it, and the
     scratch buffers come from ``workspace`` when one is given.
     """
-    if torch.is_grad_enabled():
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        # (torch.compile fuses the out-of-place form by itself)
         if activation is not None:
             u, v = activation(u), activation(v)
         return _mix_with_autograd(u, v, plan, batch, groups, mixing)
