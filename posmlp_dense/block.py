@@ -61,7 +61,8 @@ class PosMLPBlock(nn.Module):
         hidden = workspace.get('hidden', (T, proj.out_features), x)
         torch.addmm(proj.bias, normed, proj.weight.t(), out=hidden)
         gated = self.gate_unit(hidden, plan, batch, self.act, workspace)
-        x.addmm_(gated, self.proj_c_s.weight.t())  # the residual, in place
+        # the residual, in place (the out= form, which flop counters see)
+        torch.addmm(x, gated, self.proj_c_s.weight.t(), out=x)
         return x.add_(self.proj_c_s.bias)
 
     def extra_repr(self) -> str:

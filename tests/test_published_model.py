@@ -194,3 +194,19 @@ def test_timm_pretrained_goes_through_checked_loading():
     with pytest.raises(CheckpointError, match='embed_dims'):
         timm.create_model('posmlp_t', pretrained=True, pretrained_cfg_overlay=
                           dict(file=fixture_path('tiny_gqpe_official.pth')))
+
+
+def test_multiply_adds_match_the_published_count_on_both_paths():
+    """5.18 GMACs for PosMLP-T at 224 (torch's flop counter), whether the
+    inference path (in place, out= ops) or the autograd path runs."""
+    from torch.utils.flop_counter import FlopCounterMode
+    model = PosMLP('t').eval()
+    x = torch.randn(1, 3, 224, 224)
+    counts = []
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad), \
+                FlopCounterMode(display=False) as counter:
+            model(x)
+        counts.append(counter.get_total_flops() / 2e9)
+    assert counts[0] == counts[1]
+    assert abs(counts[0] - 5.18) < 0.01
