@@ -313,9 +313,10 @@ def test_two_process_ddp_run_on_cpu(data_root, tmp_path):
     cfg.train_dataloader.batch_size = 2
     cfg_path = tmp_path / 'ddp_cfg.py'
     cfg.dump(str(cfg_path))
-    res = _run_tool('-m', 'torch.distributed.run', '--nproc_per_node=2',
-                    f'--master_port={_free_port()}', 'tools/train.py',
-                    str(cfg_path), '--launcher', 'pytorch')
+    env = dict(os.environ, PYTHON=sys.executable, PORT=str(_free_port()))
+    res = subprocess.run(['bash', 'tools/dist_train.sh', str(cfg_path), '2'],
+                         cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=900)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     log = open(glob.glob(str(tmp_path / 'ddp' / '*' / '*.log'))[-1]).read()
     assert 'world_size: 2' in log or 'Distributed launcher: pytorch' in log

@@ -2,6 +2,7 @@
 # Distributed evaluation with torchrun.
 #   bash tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS [test.py options]
 # Multi-node: set NNODES, NODE_RANK, MASTER_ADDR (and PORT) on every node.
+# PYTHON picks the interpreter (default: python on PATH).
 set -euo pipefail
 CONFIG=$1
 CHECKPOINT=$2
@@ -13,7 +14,7 @@ PORT=${PORT:-29500}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 HERE=$(cd "$(dirname "$0")" && pwd)
 PYTHONPATH="$HERE/..:${PYTHONPATH:-}" \
-python -m torch.distributed.run \
+"${PYTHON:-python}" -m torch.distributed.run \
     --nnodes="$NNODES" --node_rank="$NODE_RANK" \
     --master_addr="$MASTER_ADDR" --master_port="$PORT" \
     --nproc_per_node="$NPROC" \

@@ -18,4 +18,4 @@ srun -p "$PARTITION" --job-name="$JOB_NAME" \
     --gres=gpu:"$GPUS_PER_NODE" --ntasks="$GPUS" \
     --ntasks-per-node="$GPUS_PER_NODE" --cpus-per-task="$CPUS_PER_TASK" \
     --kill-on-bad-exit=1 ${SRUN_ARGS:-} \
-    python -u "$HERE/test.py" "$CONFIG" "$CHECKPOINT" --launcher=slurm "$@"
+    "${PYTHON:-python}" -u "$HERE/test.py" "$CONFIG" "$CHECKPOINT" --launcher=slurm "$@"

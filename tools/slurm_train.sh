@@ -18,5 +18,5 @@ srun -p "$PARTITION" --job-name="$JOB_NAME" \
     --gres=gpu:"$GPUS_PER_NODE" --ntasks="$GPUS" \
     --ntasks-per-node="$GPUS_PER_NODE" --cpus-per-task="$CPUS_PER_TASK" \
     --kill-on-bad-exit=1 ${SRUN_ARGS:-} \
-    python -u "$HERE/train.py" "$CONFIG" --work-dir="$WORK_DIR" \
+    "${PYTHON:-python}" -u "$HERE/train.py" "$CONFIG" --work-dir="$WORK_DIR" \
     --launcher=slurm "$@"

@@ -9,10 +9,11 @@ runs.
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import logging
 
 from . import atomic_checkpoints  # noqa: F401  (registers 'local_atomic')
+from ..optional_deps import is_installed
 from .backbone import MMPosMLP
 from .cpu_ddp import CPUCompatibleDDP
 from .safe_checkpoints import allow_mmengine_checkpoints
@@ -31,8 +32,7 @@ class _RunnerLogHandler(logging.Handler):
 
 
 def installed_frameworks():
-    return tuple(f for f in FRAMEWORKS
-                 if importlib.util.find_spec(f) is not None)
+    return tuple(f for f in FRAMEWORKS if is_installed(f))
 
 
 def register_all():
