@@ -265,8 +265,10 @@ def test_detector_trains_checkpoints_evaluates_resumes(data_root, tmp_path):
     resumed.train()
     assert resumed.epoch == 3
     assert resumed.iter == 3 * 2  # 8 images / batch 4, nothing re-run
-    log = open(glob.glob(str(tmp_path / 'det' / '*' / '*.log'))[-1]).read()
-    assert 'resumed epoch: 2' in log
+    logs = [open(f).read() for f in
+            glob.glob(str(tmp_path / 'det' / '*' / '*.log'))]
+    assert len(logs) == 2  # the first run and the resumed one
+    assert sum('resumed epoch: 2' in log for log in logs) == 1
 
 
 def test_segmentor_trains_checkpoints_evaluates_resumes(data_root, tmp_path):
