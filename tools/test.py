@@ -11,8 +11,6 @@ import json
 import os
 import os.path as osp
 
-from mmengine.config import DictAction
-
 from posmlp_dense.openmmlab import launch
 
 
@@ -26,11 +24,7 @@ def parse_args():
     parser.add_argument('--out', help='write the metrics to this JSON file')
     parser.add_argument('--show-dir', help='save pictures of the '
                         'predictions in this folder')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries: key=value ...')
-    parser.add_argument('--launcher', default='none',
-                        choices=['none', 'pytorch', 'slurm', 'mpi'])
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    launch.add_common_arguments(parser)
     return parser.parse_args()
 
 

@@ -10,8 +10,6 @@ tools/dist_train.sh and tools/slurm_train.sh (``--launcher pytorch|slurm``).
 """
 import argparse
 
-from mmengine.config import DictAction
-
 from posmlp_dense.openmmlab import launch
 
 
@@ -28,11 +26,7 @@ def parse_args():
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help="scale the LR with the total batch size "
                         "(needs the config's auto_scale_lr)")
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries: key=value ...')
-    parser.add_argument('--launcher', default='none',
-                        choices=['none', 'pytorch', 'slurm', 'mpi'])
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    launch.add_common_arguments(parser)
     return parser.parse_args()
 
 

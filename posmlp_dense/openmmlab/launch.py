@@ -110,6 +110,16 @@ def enable_visualization(cfg: Config, show_dir: str):
         vis['interval'] = 1
 
 
+def add_common_arguments(parser):
+    """The flags tools/train.py and tools/test.py share."""
+    from mmengine.config import DictAction
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries: key=value ...')
+    parser.add_argument('--launcher', default='none',
+                        choices=['none', 'pytorch', 'slurm', 'mpi'])
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+
+
 def set_local_rank(local_rank: int):
     os.environ.setdefault('LOCAL_RANK', str(local_rank))
 
