@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .archs import LevelSpec
@@ -40,9 +41,11 @@ class PosMLPBlock(nn.Module):
         in place."""
         if workspace is not None:
             return self._forward_in_place(x, plan, batch, workspace)
-        hidden = self.proj_c_e(self.norm(x))
+        w_e, b_e, w_s = self._projections()
+        hidden = F.linear(self.norm(x), w_e, b_e)
         # the gate applies the GELU, fused with its own passes in inference
-        out = self.proj_c_s(self.gate_unit(hidden, plan, batch, self.act))
+        gated = self.gate_unit(hidden, plan, batch, self.act)
+        out = F.linear(gated, w_s, self.proj_c_s.bias)
         if self.training and self.drop_path > 0:
             # stochastic depth per sample; samples are spread over windows
             keep = 1.0 - self.drop_path
@@ -57,13 +60,26 @@ class PosMLPBlock(nn.Module):
             x, [C], self.norm.weight, self.norm.bias, self.norm.eps,
             out0=normed, out1=workspace.get('mean', (T, 1), x),
             out2=workspace.get('rstd', (T, 1), x))
-        proj = self.proj_c_e
-        hidden = workspace.get('hidden', (T, proj.out_features), x)
-        torch.addmm(proj.bias, normed, proj.weight.t(), out=hidden)
+        w_e, b_e, w_s = self._projections()
+        hidden = workspace.get('hidden', (T, w_e.shape[0]), x)
+        torch.addmm(b_e, normed, w_e.t(), out=hidden)
         gated = self.gate_unit(hidden, plan, batch, self.act, workspace)
         # the residual, in place (the out= form, which flop counters see)
-        torch.addmm(x, gated, self.proj_c_s.weight.t(), out=x)
+        torch.addmm(x, gated, w_s.t(), out=x)
         return x.add_(self.proj_c_s.bias)
+
+    def _projections(self):
+        """proj_c_e's weight and bias and proj_c_s's weight, with the gate's
+        channels in the order the gate reads them (its ``channel_order``).
+        A gather of the weights per forward: cheap next to a re-arrangement
+        of the activations."""
+        order = self.gate_unit.channel_order
+        w_e, b_e = self.proj_c_e.weight, self.proj_c_e.bias
+        w_s = self.proj_c_s.weight
+        if order is None:
+            return w_e, b_e, w_s
+        both = torch.cat([order, order + order.numel()])
+        return w_e[both], b_e[both], w_s[:, order]
 
     def extra_repr(self) -> str:
         return f'drop_path={self.drop_path}'

@@ -6,9 +6,12 @@ output is
 
     g[m, k] = (sum_n P[k % groups][m, n] * u[n, k] + bias[m]) * v[m, k]
 
-The token buffer stores a class as (n, windows, channels), so after one
-re-arrangement of u into (groups, n, windows * channels_per_group) the mixing
-of every window of the class is a single batched matmul. The bias rides
+The token buffer stores a class as (n, windows, channels), and the gate's
+channels arrive group-major (channel g * channels_per_group + p; the block
+permutes its projections so, see GateUnit.channel_order). One
+re-arrangement of u into (groups, n, windows * channels_per_group), which
+moves runs of channels_per_group contiguous values, then makes the mixing of
+every window of the class a single batched matmul. The bias rides
 along as an extra column of P against a row of ones under u (no separate
 pass over the output), and the product with v is written straight back in
 token order.
@@ -37,8 +40,9 @@ def mix_tokens(u: torch.Tensor, v: torch.Tensor, plan: WindowPlan,
                workspace: Optional[Workspace] = None) -> torch.Tensor:
     """Gated token mixing of a (T, K) buffer; returns a (T, K) tensor.
 
-    ``u`` and ``v`` are (T, K) (they may be strided halves of one tensor);
-    channel k belongs to group ``k % groups`` as in the published code.
+    ``u`` and ``v`` are (T, K) (they may be strided halves of one tensor)
+    with group-major channels: channel k belongs to group ``k // (K //
+    groups)``.
     With an ``activation`` they are pre-activations and it is applied to
     both first. Without autograd the result is written into ``v``'s storage
     (the caller's own intermediate) and returned as a view of it, and the
@@ -66,7 +70,7 @@ def _class_views(u, v, plan, batch, groups):
     rows = [n * windows for n, windows in sizes]
     for (n, windows), cls, u_c, v_c in zip(sizes, plan.classes,
                                            u.split(rows), v.split(rows)):
-        shape = (n, windows, per_group, groups)
+        shape = (n, windows, groups, per_group)
         yield cls.key, n, windows, u_c.view(shape), v_c.view(shape)
 
 
@@ -74,8 +78,8 @@ def _mixing_input(u_c, n, windows, per_group, groups, out=None):
     """(groups, n + 1, windows, per_group): u per group, then ones."""
     ones = u_c.new_ones(()).expand(groups, 1, windows, per_group)
     if out is None:
-        return torch.cat([u_c.permute(3, 0, 1, 2), ones], dim=1)
-    return torch.cat([u_c.permute(3, 0, 1, 2), ones], dim=1, out=out)
+        return torch.cat([u_c.permute(2, 0, 1, 3), ones], dim=1)
+    return torch.cat([u_c.permute(2, 0, 1, 3), ones], dim=1, out=out)
 
 
 def _matching_dtype(weights, cols):
@@ -84,10 +88,10 @@ def _matching_dtype(weights, cols):
 
 
 def _mix(weights, cols, n, windows, per_group, groups):
-    """(groups, n, n+1) @ (groups, n+1, cols) -> (n, windows, V, groups)."""
+    """(groups, n, n+1) @ (groups, n+1, cols) -> (n, windows, groups, V)."""
     mixed = torch.bmm(_matching_dtype(weights, cols),
                       cols.view(groups, n + 1, -1))
-    return mixed.view(groups, n, windows, per_group).permute(1, 2, 3, 0)
+    return mixed.view(groups, n, windows, per_group).permute(1, 2, 0, 3)
 
 
 def _mix_with_autograd(u, v, plan, batch, groups, mixing):
@@ -113,5 +117,5 @@ def _mix_in_place(u, v, plan, batch, groups, mixing, gelu, workspace):
                               (groups, n, windows * per_group), u)
         torch.bmm(_matching_dtype(mixing(key), cols),
                   cols.view(groups, n + 1, -1), out=mixed)
-        v_c.mul_(mixed.view(groups, n, windows, per_group).permute(1, 2, 3, 0))
+        v_c.mul_(mixed.view(groups, n, windows, per_group).permute(1, 2, 0, 3))
     return v

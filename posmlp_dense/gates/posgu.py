@@ -31,6 +31,8 @@ class PoSGU(GateUnit):
             raise ValueError(f'{groups} groups do not divide {channels} gate '
                              f'channels')
         self.channels = channels
+        if groups > 1:
+            self.channel_order = group_major_order(channels, groups)
         if encoding == 'gqpe':
             if not pos_only:
                 raise ValueError('pos_only=False (an extra learned N x N '
@@ -60,13 +62,22 @@ class PoSGU(GateUnit):
                 activation: Optional[nn.Module] = None,
                 workspace: Optional[Workspace] = None) -> torch.Tensor:
         """``hidden`` (T, 2K) -> (T, K); ``activation`` (the block's GELU)
-        is applied to ``hidden`` first, fused with the mixing where it can."""
+        is applied to ``hidden`` first, fused with the mixing where it can.
+        Both halves of ``hidden`` and the result have their channels in
+        ``channel_order``."""
         u, v = hidden.chunk(2, dim=-1)
         return mix_tokens(u, v, plan, batch, self.groups,
                           self.augmented_mixing, activation, workspace)
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, pos_only={self.pos_only}'
+
+
+def group_major_order(channels: int, groups: int) -> torch.Tensor:
+    """Published channel indices in group-major order: position
+    g * (channels // groups) + p holds channel p * groups + g."""
+    return torch.arange(channels).view(channels // groups, groups).t() \
+        .reshape(-1)
 
 
 def _check_token_matrix(module, state_dict, prefix, *args):
