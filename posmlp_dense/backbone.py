@@ -15,7 +15,7 @@ from .downsample import ConvDownsample
 from .gates import GQPE, LRPE, SGU
 from .stem import ConvStem
 from .windows import WindowPlan, make_plan
-from .workspace import Workspace
+from .workspace import inference_workspace
 
 
 class PosMLPLevel(nn.Module):
@@ -64,10 +64,10 @@ class PosMLPLevel(nn.Module):
         # inference: the blocks share scratch buffers and update the token
         # buffer in place (never the caller's tensor: partition may return a
         # view of it, which is then copied first)
-        workspace = None
-        if not torch.is_grad_enabled() and not torch.is_autocast_enabled(
-                x.device.type) and not torch.compiler.is_compiling():
-            workspace = Workspace()
+        # (one per level: the next level's maps are a quarter of the size,
+        # and the level outputs kept meanwhile would add to the peak)
+        workspace = inference_workspace(x)
+        if workspace is not None:
             if tokens._base is not None:
                 tokens = tokens.clone()
         for j, block in enumerate(self.encoder):

@@ -79,7 +79,8 @@ class PosMLPBlock(nn.Module):
         if order is None:
             return w_e, b_e, w_s
         both = torch.cat([order, order + order.numel()])
-        return w_e[both], b_e[both], w_s[:, order]
+        return (w_e.index_select(0, both), b_e.index_select(0, both),
+                w_s.index_select(1, order))
 
     def extra_repr(self) -> str:
         return f'drop_path={self.drop_path}'

@@ -24,6 +24,35 @@ class ConvStem(nn.Module):
         self.act = nn.GELU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # channels-last: the convs then need no internal re-layout of their
+        # (large) maps, and the output is the (B, H, W, C) map that level 0
+        # cuts its windows from
+        x = x.contiguous(memory_format=torch.channels_last)
+        if not self.training and not torch.is_grad_enabled() and \
+                not torch.is_autocast_enabled(x.device.type) and \
+                not torch.compiler.is_compiling():
+            return self._forward_in_place(x)
         x = self.act(self.norms[0](self.projs[0](x)))
         x = self.act(self.norms[1](self.projs[1](x)))
         return self.norms[2](self.projs[2](x))
+
+    def _forward_in_place(self, x: torch.Tensor) -> torch.Tensor:
+        """Inference: each conv's fresh output is normalized and activated
+        where it lies (the same kernels, so the same values). At detection
+        sizes the stem's maps are the largest tensors of the model, and every
+        extra one costs a pass over memory plus its first-touch page
+        faults."""
+        exact_gelu = isinstance(self.act, nn.GELU) and \
+            self.act.approximate == 'none'
+        for i, (proj, norm) in enumerate(zip(self.projs, self.norms)):
+            x = proj(x)
+            if norm.training or norm.running_mean is None:
+                x = norm(x)
+            else:  # eval BatchNorm is elementwise: safe to write in place
+                torch.ops.aten.native_batch_norm.out(
+                    x, norm.weight, norm.bias, norm.running_mean,
+                    norm.running_var, False, 0.0, norm.eps, out=x,
+                    save_mean=x.new_empty(0), save_invstd=x.new_empty(0))
+            if i < 2:
+                x = torch.ops.aten.gelu_(x) if exact_gelu else self.act(x)
+        return x

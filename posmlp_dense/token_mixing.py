@@ -110,11 +110,16 @@ def _mix_in_place(u, v, plan, batch, groups, mixing, gelu, workspace):
     if gelu:  # in place, row by row: the fast, vectorized direction
         torch.ops.aten.gelu_(u)
         torch.ops.aten.gelu_(v)
+    # one pair of buffers serves every class (each is done with them before
+    # the next starts), allocated once at the largest class's size
+    K = u.shape[1]
+    sizes = plan.class_sizes(batch)
+    workspace.reserve('cols', max((n + 1) * w for n, w in sizes) * K, u)
+    workspace.reserve('mixed', max(n * w for n, w in sizes) * K, u)
     for key, n, windows, u_c, v_c in _class_views(u, v, plan, batch, groups):
         cols = _mixing_input(u_c, n, windows, per_group, groups, out=workspace.get(
-            ('cols', key), (groups, n + 1, windows, per_group), u))
-        mixed = workspace.get(('mixed', key),
-                              (groups, n, windows * per_group), u)
+            'cols', (groups, n + 1, windows, per_group), u))
+        mixed = workspace.get('mixed', (groups, n, windows * per_group), u)
         torch.bmm(_matching_dtype(mixing(key), cols),
                   cols.view(groups, n + 1, -1), out=mixed)
         v_c.mul_(mixed.view(groups, n, windows, per_group).permute(1, 2, 0, 3))

@@ -1,15 +1,17 @@
-"""Scratch buffers that the blocks of a level share during inference.
+"""Scratch buffers that the blocks of a forward share during inference.
 
-Every block of a level produces intermediates of the same shapes. Allocating
-them afresh in each block costs more than it seems: large buffers come
-straight from the operating system and every page is faulted in again on
-first write. During inference (no autograd) a level hands its blocks one
-Workspace, and they write their intermediates into its buffers with the
-``out=`` forms of the ops. It lives for one forward of one level.
+Every block of a level produces intermediates of the same shapes.
+Allocating them afresh costs more than it seems: large buffers come straight
+from the operating system and every page is faulted in again on first write.
+During inference (no autograd) a level hands its blocks one Workspace, and
+they write their intermediates into its buffers with the ``out=`` forms of
+the ops. Each name owns one flat storage that requests view (growing it when
+one needs more), so consecutive uses of a name share memory. It lives for
+one forward of one level.
 """
 from __future__ import annotations
 
-from typing import Dict, Hashable, Tuple
+from typing import Dict, Hashable, Optional, Tuple
 
 import torch
 
@@ -17,15 +19,35 @@ import torch
 class Workspace:
 
     def __init__(self):
-        self._buffers: Dict[Hashable, torch.Tensor] = {}
+        self._storage: Dict[Hashable, torch.Tensor] = {}
+
+    def reserve(self, name: Hashable, numel: int, like: torch.Tensor):
+        """Make ``name``'s storage hold at least ``numel`` elements now (one
+        allocation for the largest of the requests to come)."""
+        self.get(name, (numel,), like)
 
     def get(self, name: Hashable, shape: Tuple[int, ...],
             like: torch.Tensor) -> torch.Tensor:
-        """A buffer of ``shape`` with ``like``'s dtype and device."""
-        shape = tuple(shape)
-        buf = self._buffers.get(name)
-        if buf is None or buf.shape != shape or buf.dtype != like.dtype \
-                or buf.device != like.device:
-            buf = like.new_empty(shape)
-            self._buffers[name] = buf
-        return buf
+        """A contiguous buffer of ``shape`` with ``like``'s dtype and device.
+
+        Its contents are undefined, and it is the same memory as the previous
+        buffer of that name: a caller is done with one before asking again.
+        """
+        numel = 1
+        for size in shape:
+            numel *= size
+        flat = self._storage.get(name)
+        if flat is None or flat.numel() < numel or flat.dtype != like.dtype \
+                or flat.device != like.device:
+            flat = like.new_empty(numel)
+            self._storage[name] = flat
+        return flat[:numel].view(shape)
+
+
+def inference_workspace(x: torch.Tensor) -> Optional[Workspace]:
+    """A Workspace when the forward on ``x`` may use in-place inference
+    (no autograd, no autocast, not being compiled), else None."""
+    if torch.is_grad_enabled() or torch.is_autocast_enabled(x.device.type) \
+            or torch.compiler.is_compiling():
+        return None
+    return Workspace()

@@ -248,3 +248,23 @@ def test_inference_path_equals_autograd_path(gate):
         plain = model.forward_levels(x.requires_grad_())
     for a, b in zip(fast, plain):
         assert (a - b.detach()).abs().max() <= 1e-5
+
+
+def test_stem_inference_path_is_exact():
+    """In inference the stem normalizes and activates its conv outputs in
+    place; the values must be bit-identical to the plain module calls, and
+    the caller's image must be left alone."""
+    model = _model('gqpe')
+    stem = model.patch_embed
+    for norm in stem.norms:  # eval BatchNorms with non-trivial statistics
+        norm.running_mean.normal_()
+        norm.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 3, 113, 67)
+    original = x.clone()
+    with torch.no_grad():
+        fast = stem(x)
+    with torch.enable_grad():
+        plain = stem(x.clone().requires_grad_())
+    assert torch.equal(x, original)
+    assert fast.shape == (2, stem.projs[2].out_channels, 29, 17)
+    assert torch.equal(fast, plain.detach())

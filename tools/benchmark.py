@@ -98,7 +98,7 @@ class PublishedPort(nn.Module):
     """A PosMLP run the way the published code runs it (speed baseline).
 
     Uses the parameters of ``model`` (shared, not copied) but none of its
-    window or mixing code. Per level, the whole map is cut into w x w
+    stem, window or mixing code. Per level, the whole map is cut into w x w
     windows once (a map that windows do not tile is zero-padded to whole
     windows, without masking: fine for timing, not for accuracy, and
     cropped at the end of the level). In every block:
@@ -173,9 +173,19 @@ class PublishedPort(nn.Module):
             0, 1, 3, 2, 4, 5).reshape(B, Hp, Wp, C)
         return x[:, :H, :W]
 
+    @staticmethod
+    def stem(stem, x: torch.Tensor) -> torch.Tensor:
+        """The published stem: conv -> BN -> GELU twice, then conv -> BN,
+        on NCHW maps, out of place (not the model's own inference path)."""
+        for i, (proj, norm) in enumerate(zip(stem.projs, stem.norms)):
+            x = norm(proj(x))
+            if i < 2:
+                x = stem.act(x)
+        return x
+
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         m = self.model
-        x = m.patch_embed(x)
+        x = self.stem(m.patch_embed, x)
         if getattr(m, 'absolute_pos_embed', None) is not None:
             x = x + m.position_embedding(x.shape[-2:])
         maps = []
