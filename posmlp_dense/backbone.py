@@ -64,8 +64,6 @@ class PosMLPLevel(nn.Module):
         # inference: the blocks share scratch buffers and update the token
         # buffer in place (never the caller's tensor: partition may return a
         # view of it, which is then copied first)
-        # (one per level: the next level's maps are a quarter of the size,
-        # and the level outputs kept meanwhile would add to the peak)
         workspace = inference_workspace(x)
         if workspace is not None:
             if tokens._base is not None:

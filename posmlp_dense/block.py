@@ -44,7 +44,7 @@ class PosMLPBlock(nn.Module):
         w_e, b_e, w_s = self._projections()
         hidden = F.linear(self.norm(x), w_e, b_e)
         # the gate applies the GELU, fused with its own passes in inference
-        gated = self.gate_unit(hidden, plan, batch, self.act)
+        gated = self.gate_unit(hidden, plan.runs(batch), self.act)
         out = F.linear(gated, w_s, self.proj_c_s.bias)
         if self.training and self.drop_path > 0:
             # stochastic depth per sample; samples are spread over windows
@@ -54,19 +54,25 @@ class PosMLPBlock(nn.Module):
         return x + out
 
     def _forward_in_place(self, x, plan, batch, workspace):
-        T, C = x.shape
-        normed = workspace.get('normed', (T, C), x)
-        torch.ops.aten.native_layer_norm.out(
-            x, [C], self.norm.weight, self.norm.bias, self.norm.eps,
-            out0=normed, out1=workspace.get('mean', (T, 1), x),
-            out2=workspace.get('rstd', (T, 1), x))
+        """The block run by run (``workspace.max_rows`` rows at most): with
+        short runs every intermediate stays in the CPU caches."""
+        C = x.shape[1]
         w_e, b_e, w_s = self._projections()
-        hidden = workspace.get('hidden', (T, w_e.shape[0]), x)
-        torch.addmm(b_e, normed, w_e.t(), out=hidden)
-        gated = self.gate_unit(hidden, plan, batch, self.act, workspace)
-        # the residual, in place (the out= form, which flop counters see)
-        torch.addmm(x, gated, w_s.t(), out=x)
-        return x.add_(self.proj_c_s.bias)
+        norm = self.norm
+        for run in plan.runs(batch, workspace.max_rows):
+            rows = x[run.start:run.start + run.rows]
+            normed = workspace.get('normed', (run.rows, C), x)
+            torch.ops.aten.native_layer_norm.out(
+                rows, [C], norm.weight, norm.bias, norm.eps, out0=normed,
+                out1=workspace.get('mean', (run.rows, 1), x),
+                out2=workspace.get('rstd', (run.rows, 1), x))
+            hidden = workspace.get('hidden', (run.rows, w_e.shape[0]), x)
+            torch.addmm(b_e, normed, w_e.t(), out=hidden)
+            gated = self.gate_unit(hidden, (run,), self.act, workspace)
+            # the residual, in place (the out= form, which flop counters see)
+            torch.addmm(rows, gated, w_s.t(), out=rows)
+            rows.add_(self.proj_c_s.bias)
+        return x
 
     def _projections(self):
         """proj_c_e's weight and bias and proj_c_s's weight, with the gate's

@@ -11,19 +11,19 @@ padded keys out" computes, without spending work on padding.
 Windows are grouped into *classes* of equal shape: interior windows, the
 partial windows along the bottom and right edges, and the corner (and, for
 shifted windows, the partial windows along the top and left). Each class is
-stored token-major, as a (n, B * windows, C) block of one flat (T, C) token
-buffer, where n is the number of real tokens per window of that class. In
-that layout the token mixing of a whole class is one batched matmul
-(groups x n x n) @ (groups x n x columns) with no further re-arrangement.
-
-When the windows tile the map exactly there is a single class and the layout
-is the published one, token by token.
+stored window by window, as a (B * windows, n, C) block of one flat (T, C)
+token buffer, where n is the number of real tokens per window of that class
+(the published (b, windows, n, C) order when the windows tile the map). The
+token mixing of a whole class is one batched matmul (groups x n x n) @
+(groups x n x columns); any run of consecutive windows is a contiguous range
+of rows, so inference can also work through a level in cache-sized runs
+(``WindowPlan.runs``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -56,6 +56,20 @@ class WindowClass:
         """In-window rectangle (r0, r1, c0, c1): all the mixing depends on."""
         r, c = self.rows, self.cols
         return (r.offset, r.offset + r.size, c.offset, c.offset + c.size)
+
+
+@dataclass(frozen=True)
+class WindowRun:
+    """Consecutive windows of one class: rows [start, start + rows) of the
+    token buffer, ``windows`` windows of ``n`` tokens each."""
+    key: Tuple[int, int, int, int]  # the class's in-window rectangle
+    n: int
+    windows: int
+    start: int
+
+    @property
+    def rows(self) -> int:
+        return self.n * self.windows
 
 
 def axis_segments(length: int, window: int, origin: int = 0
@@ -115,6 +129,22 @@ class WindowPlan:
     def num_tokens(self, batch: int) -> int:
         return batch * self.height * self.width
 
+    def runs(self, batch: int, max_rows: Optional[int] = None
+             ) -> Tuple[WindowRun, ...]:
+        """The token buffer as runs of windows, in buffer order: one per
+        class, or with ``max_rows`` cut into runs of at most that many rows
+        (but at least one window)."""
+        runs = []
+        start = 0
+        for cls in self.classes:
+            n, windows = cls.tokens, batch * cls.windows_per_sample
+            step = windows if max_rows is None else max(1, max_rows // n)
+            for first in range(0, windows, step):
+                count = min(step, windows - first)
+                runs.append(WindowRun(cls.key, n, count, start))
+                start += n * count
+        return tuple(runs)
+
     def partition(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, W, C) map -> (T, C) token buffer, class by class."""
         B, H, W, C = x.shape
@@ -126,8 +156,8 @@ class WindowPlan:
         for cls in self.classes:
             n = cls.tokens * B * cls.windows_per_sample
             block = out[offset:offset + n].view(
-                cls.rows.size, cls.cols.size, B, cls.rows.count,
-                cls.cols.count, C)
+                B, cls.rows.count, cls.cols.count, cls.rows.size,
+                cls.cols.size, C)
             block.copy_(self._class_view(x, cls))
             offset += n
         return out
@@ -138,34 +168,34 @@ class WindowPlan:
         B = batch
         if len(self.classes) == 1:
             cls = self.classes[0]
-            return tokens.view(cls.rows.size, cls.cols.size, B, cls.rows.count,
-                               cls.cols.count, C).permute(
-                2, 3, 0, 4, 1, 5).reshape(B, self.height, self.width, C)
+            return tokens.view(B, cls.rows.count, cls.cols.count,
+                               cls.rows.size, cls.cols.size, C).permute(
+                0, 1, 3, 2, 4, 5).reshape(B, self.height, self.width, C)
         out = tokens.new_empty(B, self.height, self.width, C)
         offset = 0
         for cls in self.classes:
             n = cls.tokens * B * cls.windows_per_sample
             self._class_view(out, cls).copy_(tokens[offset:offset + n].view(
-                cls.rows.size, cls.cols.size, B, cls.rows.count,
-                cls.cols.count, C))
+                B, cls.rows.count, cls.cols.count, cls.rows.size,
+                cls.cols.size, C))
             offset += n
         return out
 
     @staticmethod
     def _class_view(x: torch.Tensor, cls: WindowClass) -> torch.Tensor:
-        """View of a class's windows in ``x`` as (h, w, B, nr, nc, C)."""
+        """View of a class's windows in ``x`` as (B, nr, nc, h, w, C)."""
         B, _, _, C = x.shape
         r, c = cls.rows, cls.cols
         region = x[:, r.start:r.start + r.count * r.size,
                    c.start:c.start + c.count * c.size]
         return region.view(B, r.count, r.size, c.count, c.size, C).permute(
-            2, 4, 0, 1, 3, 5)
+            0, 1, 3, 2, 4, 5)
 
     def per_sample(self, values: torch.Tensor) -> torch.Tensor:
         """Spread a per-sample (B,) tensor over the token buffer: (T, 1)."""
         B = values.shape[0]
-        parts = [values.view(1, B, 1).expand(cls.tokens, B,
-                                            cls.windows_per_sample).reshape(-1)
+        parts = [values.view(B, 1).expand(
+            B, cls.windows_per_sample * cls.tokens).reshape(-1)
                  for cls in self.classes]
         return (parts[0] if len(parts) == 1 else torch.cat(parts)).unsqueeze(1)
 

@@ -16,9 +16,17 @@ from typing import Dict, Hashable, Optional, Tuple
 import torch
 
 
-class Workspace:
+# Rows (tokens) a block works on at once in CPU inference: the run's
+# intermediates (a few MB) then stay in the caches between the block's passes.
+CPU_RUN_ROWS = 2048
 
-    def __init__(self):
+
+class Workspace:
+    """``max_rows``: the most token rows a block processes at once (None:
+    whole window classes)."""
+
+    def __init__(self, max_rows: Optional[int] = None):
+        self.max_rows = max_rows
         self._storage: Dict[Hashable, torch.Tensor] = {}
 
     def reserve(self, name: Hashable, numel: int, like: torch.Tensor):
@@ -50,4 +58,4 @@ def inference_workspace(x: torch.Tensor) -> Optional[Workspace]:
     if torch.is_grad_enabled() or torch.is_autocast_enabled(x.device.type) \
             or torch.compiler.is_compiling():
         return None
-    return Workspace()
+    return Workspace(CPU_RUN_ROWS if x.device.type == 'cpu' else None)

@@ -10,6 +10,7 @@ from posmlp_dense import PosMLP, create_classifier, load_pretrained
 from posmlp_dense.gates import GateUnit
 from posmlp_dense.relative_position import (infer_window, resize_position_bias,
                                             resize_relative_table)
+from posmlp_dense import workspace as workspace_module
 from posmlp_dense.windows import axis_segments, make_plan
 
 from conftest import TINY_ARCH, fixture_arch, fixture_path, randomize_
@@ -268,3 +269,41 @@ def test_stem_inference_path_is_exact():
     assert torch.equal(x, original)
     assert fast.shape == (2, stem.projs[2].out_channels, 29, 17)
     assert torch.equal(fast, plain.detach())
+
+
+@pytest.mark.parametrize('max_rows', [None, 1, 7, 300])
+def test_runs_cover_the_token_buffer_in_order(max_rows):
+    for (h, w), shift in [((17, 29), (0, 0)), ((40, 33), (0, 0)),
+                          ((23, 31), (3, 2))]:
+        plan = make_plan(h, w, (7, 7), shift)
+        runs = plan.runs(2, max_rows)
+        start = 0
+        for run in runs:
+            assert run.start == start and run.windows >= 1
+            assert run.rows <= max(max_rows or run.rows, run.n)
+            start += run.rows
+        assert start == plan.num_tokens(2)
+        # every window of every class, in class order
+        per_class = {}
+        for run in runs:
+            per_class[run.key] = per_class.get(run.key, 0) + run.windows
+        assert list(per_class) == [c.key for c in plan.classes]
+        assert list(per_class.values()) == [2 * c.windows_per_sample
+                                            for c in plan.classes]
+
+
+@pytest.mark.parametrize('max_rows', [None, 1, 150])
+@pytest.mark.parametrize('gate', ['gqpe', 'sgu'])
+def test_inference_in_runs_equals_autograd_path(monkeypatch, gate, max_rows):
+    """CPU inference works through each level in runs of windows (one
+    window per run with max_rows=1; whole classes with None, as on GPUs);
+    the run length must not change the result."""
+    monkeypatch.setattr(workspace_module, 'CPU_RUN_ROWS', max_rows)
+    model = _model(gate)
+    x = torch.randn(2, 3, 97, 161)
+    with torch.no_grad():
+        fast = model.forward_levels(x)
+    with torch.enable_grad():
+        plain = model.forward_levels(x.requires_grad_())
+    for a, b in zip(fast, plain):
+        assert (a - b.detach()).abs().max() <= 1e-5

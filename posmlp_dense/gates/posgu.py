@@ -7,14 +7,14 @@ the per-group matrices of a positional encoding (GQPE or LRPE, at
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from timm.layers import trunc_normal_
 
 from ..token_mixing import mix_tokens
-from ..windows import WindowPlan
+from ..windows import WindowRun
 from ..workspace import Workspace
 from .base import GateUnit
 from .gqpe import GQPE
@@ -58,7 +58,7 @@ class PoSGU(GateUnit):
             weights = weights + self.token_proj_n_weight[:, index][:, :, index]
         return weights, self.pos.bias(index)
 
-    def forward(self, hidden: torch.Tensor, plan: WindowPlan, batch: int,
+    def forward(self, hidden: torch.Tensor, runs: Sequence[WindowRun],
                 activation: Optional[nn.Module] = None,
                 workspace: Optional[Workspace] = None) -> torch.Tensor:
         """``hidden`` (T, 2K) -> (T, K); ``activation`` (the block's GELU)
@@ -66,7 +66,7 @@ class PoSGU(GateUnit):
         Both halves of ``hidden`` and the result have their channels in
         ``channel_order``."""
         u, v = hidden.chunk(2, dim=-1)
-        return mix_tokens(u, v, plan, batch, self.groups,
+        return mix_tokens(u, v, runs, self.groups,
                           self.augmented_mixing, activation, workspace)
 
     def extra_repr(self) -> str:

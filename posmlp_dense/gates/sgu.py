@@ -8,13 +8,13 @@ ablations; state-dict names follow the published code (``norm_list.0``,
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from ..token_mixing import mix_tokens
-from ..windows import WindowPlan
+from ..windows import WindowRun
 from ..workspace import Workspace
 from .base import GateUnit
 
@@ -42,14 +42,14 @@ class SGU(GateUnit):
         proj = self.proj_list[0]
         return proj.weight[index][:, index].unsqueeze(0), proj.bias[index]
 
-    def forward(self, hidden: torch.Tensor, plan: WindowPlan, batch: int,
+    def forward(self, hidden: torch.Tensor, runs: Sequence[WindowRun],
                 activation: Optional[nn.Module] = None,
                 workspace: Optional[Workspace] = None) -> torch.Tensor:
         if activation is not None:
             hidden = activation(hidden)
         u, v = hidden.chunk(2, dim=-1)
         u = self.norm_list[0](u)
-        return mix_tokens(u, v, plan, batch, 1, self.augmented_mixing,
+        return mix_tokens(u, v, runs, 1, self.augmented_mixing,
                           workspace=workspace)
 
     def extra_repr(self) -> str:
