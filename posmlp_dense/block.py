@@ -42,9 +42,8 @@ class PosMLPBlock(nn.Module):
         if workspace is not None:
             return self._forward_in_place(x, plan, batch, workspace)
         w_e, b_e, w_s = self._projections()
-        hidden = F.linear(self.norm(x), w_e, b_e)
-        # the gate applies the GELU, fused with its own passes in inference
-        gated = self.gate_unit(hidden, plan.runs(batch), self.act)
+        hidden = self.act(F.linear(self.norm(x), w_e, b_e))
+        gated = self.gate_unit(hidden, plan.runs(batch))
         out = F.linear(gated, w_s, self.proj_c_s.bias)
         if self.training and self.drop_path > 0:
             # stochastic depth per sample; samples are spread over windows
@@ -59,6 +58,8 @@ class PosMLPBlock(nn.Module):
         C = x.shape[1]
         w_e, b_e, w_s = self._projections()
         norm = self.norm
+        exact_gelu = isinstance(self.act, nn.GELU) and \
+            self.act.approximate == 'none'
         for run in plan.runs(batch, workspace.max_rows):
             rows = x[run.start:run.start + run.rows]
             normed = workspace.get('normed', (run.rows, C), x)
@@ -68,7 +69,11 @@ class PosMLPBlock(nn.Module):
                 out2=workspace.get('rstd', (run.rows, 1), x))
             hidden = workspace.get('hidden', (run.rows, w_e.shape[0]), x)
             torch.addmm(b_e, normed, w_e.t(), out=hidden)
-            gated = self.gate_unit(hidden, (run,), self.act, workspace)
+            # on the whole contiguous tensor (on its strided halves the same
+            # kernel runs several times slower)
+            hidden = torch.ops.aten.gelu_(hidden) if exact_gelu \
+                else self.act(hidden)
+            gated = self.gate_unit(hidden, (run,), workspace)
             # the residual, in place (the out= form, which flop counters see)
             torch.addmm(rows, gated, w_s.t(), out=rows)
             rows.add_(self.proj_c_s.bias)

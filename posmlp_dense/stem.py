@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .workspace import in_place_inference
+
 
 class ConvStem(nn.Module):
     """conv3x3/2 -> BN -> GELU -> conv3x3/2 -> BN -> GELU -> conv1x1 -> BN.
@@ -28,9 +30,7 @@ class ConvStem(nn.Module):
         # (large) maps, and the output is the (B, H, W, C) map that level 0
         # cuts its windows from
         x = x.contiguous(memory_format=torch.channels_last)
-        if not self.training and not torch.is_grad_enabled() and \
-                not torch.is_autocast_enabled(x.device.type) and \
-                not torch.compiler.is_compiling():
+        if not self.training and in_place_inference(x):
             return self._forward_in_place(x)
         x = self.act(self.norms[0](self.projs[0](x)))
         x = self.act(self.norms[1](self.projs[1](x)))

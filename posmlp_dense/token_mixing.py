@@ -15,16 +15,14 @@ every window of the run a single batched matmul. The bias rides along as an
 extra column of P against a row of ones under u (no separate pass over the
 output), and the product with v is written straight back in token order.
 
-Without autograd (inference) nothing is allocated twice: the block's GELU
-runs in place on the hidden tensor, and the gated product is written back
-into v's storage.
+Without autograd (inference) the gated product is written back into v's
+storage, and the scratch buffers are reused from run to run.
 """
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence, Tuple
 
 import torch
-from torch import nn
 
 from .windows import WindowRun
 from .workspace import Workspace
@@ -35,29 +33,20 @@ AugmentedMixingFn = Callable[[Tuple[int, int, int, int]], torch.Tensor]
 
 def mix_tokens(u: torch.Tensor, v: torch.Tensor, runs: Sequence[WindowRun],
                groups: int, mixing: AugmentedMixingFn,
-               activation: Optional[nn.Module] = None,
                workspace: Optional[Workspace] = None) -> torch.Tensor:
     """Gated token mixing of a (T, K) buffer; returns a (T, K) tensor.
 
     ``u`` and ``v`` are (T, K) (they may be strided halves of one tensor)
     whose rows are the ``runs``, in order, and whose channels are
     group-major: channel k belongs to group ``k // (K // groups)``.
-    With an ``activation`` they are pre-activations and it is applied to
-    both first. Without autograd the result is written into ``v``'s storage
-    (the caller's own intermediate) and returned as a view of it, and the
-    scratch buffers come from ``workspace`` when one is given.
+    Without autograd the result is written into ``v``'s storage (the
+    caller's own intermediate) and returned as a view of it, and the scratch
+    buffers come from ``workspace`` when one is given.
     """
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         # (torch.compile fuses the out-of-place form by itself)
-        if activation is not None:
-            u, v = activation(u), activation(v)
         return _mix_with_autograd(u, v, runs, groups, mixing)
-    fuse_gelu = isinstance(activation, nn.GELU) and \
-        activation.approximate == 'none'
-    if activation is not None and not fuse_gelu:
-        u, v = activation(u), activation(v)
-    return _mix_in_place(u, v, runs, groups, mixing, fuse_gelu,
-                         workspace or Workspace())
+    return _mix_in_place(u, v, runs, groups, mixing, workspace or Workspace())
 
 
 def _run_views(u, v, runs, groups):
@@ -105,12 +94,9 @@ def _mix_with_autograd(u, v, runs, groups, mixing):
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _mix_in_place(u, v, runs, groups, mixing, gelu, workspace):
+def _mix_in_place(u, v, runs, groups, mixing, workspace):
     K = u.shape[1]
     per_group = K // groups
-    if gelu:  # in place, row by row: the fast, vectorized direction
-        torch.ops.aten.gelu_(u)
-        torch.ops.aten.gelu_(v)
     # one pair of buffers serves every run (each is done with them before
     # the next starts), allocated once at the largest run's size
     workspace.reserve('cols', max((r.n + 1) * r.windows for r in runs) * K, u)

@@ -52,10 +52,19 @@ class Workspace:
         return flat[:numel].view(shape)
 
 
+def in_place_inference(x: torch.Tensor) -> bool:
+    """Whether a forward on ``x`` may overwrite its own intermediates: no
+    autograd (nothing keeps them for a backward), no autocast (whose casts
+    the out= forms would bypass) and no torch.compile (which fuses the
+    plain forms by itself)."""
+    return not (torch.is_grad_enabled()
+                or torch.is_autocast_enabled(x.device.type)
+                or torch.compiler.is_compiling())
+
+
 def inference_workspace(x: torch.Tensor) -> Optional[Workspace]:
-    """A Workspace when the forward on ``x`` may use in-place inference
-    (no autograd, no autocast, not being compiled), else None."""
-    if torch.is_grad_enabled() or torch.is_autocast_enabled(x.device.type) \
-            or torch.compiler.is_compiling():
+    """A Workspace for a level's forward on ``x`` when it may run in place
+    (see in_place_inference), else None."""
+    if not in_place_inference(x):
         return None
     return Workspace(CPU_RUN_ROWS if x.device.type == 'cpu' else None)

@@ -59,15 +59,13 @@ class PoSGU(GateUnit):
         return weights, self.pos.bias(index)
 
     def forward(self, hidden: torch.Tensor, runs: Sequence[WindowRun],
-                activation: Optional[nn.Module] = None,
                 workspace: Optional[Workspace] = None) -> torch.Tensor:
-        """``hidden`` (T, 2K) -> (T, K); ``activation`` (the block's GELU)
-        is applied to ``hidden`` first, fused with the mixing where it can.
-        Both halves of ``hidden`` and the result have their channels in
-        ``channel_order``."""
+        """``hidden`` (T, 2K), activated, -> (T, K). Both halves of
+        ``hidden`` and the result have their channels in ``channel_order``.
+        Without autograd the result overwrites ``hidden``'s second half."""
         u, v = hidden.chunk(2, dim=-1)
         return mix_tokens(u, v, runs, self.groups,
-                          self.augmented_mixing, activation, workspace)
+                          self.augmented_mixing, workspace)
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, pos_only={self.pos_only}'

@@ -43,10 +43,8 @@ class SGU(GateUnit):
         return proj.weight[index][:, index].unsqueeze(0), proj.bias[index]
 
     def forward(self, hidden: torch.Tensor, runs: Sequence[WindowRun],
-                activation: Optional[nn.Module] = None,
                 workspace: Optional[Workspace] = None) -> torch.Tensor:
-        if activation is not None:
-            hidden = activation(hidden)
+        """``hidden`` (T, 2K), activated, -> (T, K)."""
         u, v = hidden.chunk(2, dim=-1)
         u = self.norm_list[0](u)
         return mix_tokens(u, v, runs, 1, self.augmented_mixing,
