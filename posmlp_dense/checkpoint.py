@@ -95,8 +95,11 @@ def _short(reason: str) -> str:
     return reason.replace('WeightsUnpickler error: ', '').strip()
 
 
-def read_checkpoint(path: str) -> dict:
-    """Read a ``.pth``/``.pt``/``.safetensors`` file safely into a dict."""
+def read_checkpoint(path: str, map_location='cpu') -> dict:
+    """Read a ``.pth``/``.pt``/``.safetensors`` file safely into a dict.
+
+    ``map_location`` as in ``torch.load`` (safetensors: a device name, else
+    the CPU)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise IsADirectoryError(f'checkpoint path {path} is a directory, not '
@@ -112,14 +115,16 @@ def read_checkpoint(path: str) -> dict:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
         try:
-            return dict(load_file(path, device='cpu'))
+            device = map_location if isinstance(map_location, str) else 'cpu'
+            return dict(load_file(path, device=device))
         except (SafetensorError, OSError, ValueError) as err:
             raise CheckpointError(f'cannot read safetensors checkpoint '
                                   f'{path}: it is truncated or corrupt '
                                   f'({err})') from err
     try:
         with torch.serialization.safe_globals(safe_globals()):
-            ckpt = torch.load(path, map_location='cpu', weights_only=True)
+            ckpt = torch.load(path, map_location=map_location,
+                              weights_only=True)
     except pickle.UnpicklingError as err:
         lines = [line.strip() for line in str(err).splitlines()
                  if line.strip()]

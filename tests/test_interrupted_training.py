@@ -338,6 +338,84 @@ def test_real_checkpoint_hook_writes_both_files_atomically(tmp_path,
     assert glob.glob(str(work / '.*.partial')) == []
 
 
+def test_max_keep_one_keeps_the_latest_until_a_new_one_is_marked(
+        tmp_path, monkeypatch):
+    """With max_keep_ckpts=1 mmengine removes the previous checkpoint before
+    it writes the next one. The checkpoint the marker names must survive
+    until the new checkpoint is complete and marked, so that a kill during
+    the write still leaves something to resume from; afterwards only the
+    newest one is left."""
+    from mmengine.model import BaseModel
+    from mmengine.runner import Runner
+
+    work = tmp_path / 'keep_one'
+    seen_while_writing = {}
+    real = atomic_checkpoints.atomic_write_bytes
+
+    def recording(data, filepath):
+        name = osp.basename(os.fspath(filepath))
+        if name.startswith('epoch_'):
+            marker = work / 'last_checkpoint'
+            seen_while_writing[name] = (
+                sorted(p.name for p in work.glob('epoch_*.pth')),
+                osp.basename(marker.read_text()) if marker.exists() else None)
+        real(data, filepath)
+    monkeypatch.setattr(atomic_checkpoints, 'atomic_write_bytes', recording)
+
+    class Toy(BaseModel):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 1)
+
+        def forward(self, inputs, data_samples=None, mode='tensor'):
+            out = self.linear(torch.stack(inputs))
+            return dict(loss=out.square().mean()) if mode == 'loss' else out
+
+    data = [dict(inputs=torch.full((2,), float(i))) for i in range(4)]
+    runner = Runner(
+        model=Toy(), work_dir=str(work),
+        experiment_name=f'keep_one_{os.getpid()}_{time.time_ns()}',
+        train_dataloader=dict(dataset=data, batch_size=2,
+                              sampler=dict(type='DefaultSampler',
+                                           shuffle=False),
+                              collate_fn=dict(type='pseudo_collate')),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        default_hooks=dict(checkpoint=dict(
+            type='CheckpointHook', interval=1, max_keep_ckpts=1,
+            backend_args=dict(backend='local_atomic'))),
+        default_scope='mmdet')
+    runner.train()
+    assert seen_while_writing == {
+        'epoch_1.pth': ([], None),
+        'epoch_2.pth': (['epoch_1.pth'], 'epoch_1.pth'),
+        'epoch_3.pth': (['epoch_2.pth'], 'epoch_2.pth')}
+    assert sorted(p.name for p in work.glob('epoch_*.pth')) == ['epoch_3.pth']
+    assert find_latest_checkpoint(str(work)) == str(work / 'epoch_3.pth')
+
+
+def test_unmarked_checkpoints_are_removed_at_once(tmp_path):
+    backend = atomic_checkpoints.AtomicLocalBackend()
+    old, latest = tmp_path / 'epoch_1.pth', tmp_path / 'epoch_2.pth'
+    for path in (old, latest):
+        path.write_bytes(b'x')
+    (tmp_path / 'last_checkpoint').write_text(str(latest))
+    monkey_marked = atomic_checkpoints._marked
+    try:
+        atomic_checkpoints._marked = None  # as in a freshly resumed run
+        backend.remove(old)
+        assert not old.exists()
+        backend.remove(latest)  # named by the marker: kept for now
+        assert latest.exists()
+        with atomic_checkpoints._marker_open(
+                str(tmp_path / 'last_checkpoint'), 'w') as f:
+            f.write(str(tmp_path / 'epoch_3.pth'))
+        assert not latest.exists()
+    finally:
+        atomic_checkpoints._marked = monkey_marked
+        atomic_checkpoints._deferred_removals.clear()
+
+
 # ------------------------------------------------------ interrupted runs
 @pytest.fixture(scope='module')
 def data_root(tmp_path_factory):

@@ -22,6 +22,13 @@ always a local file). The marker is written only after the checkpoint it
 names is complete, so a checkpoint that was being written when the kill
 landed never becomes the latest one.
 
+mmengine's hook also deletes the oldest checkpoint *before* it writes the
+new one (``max_keep_ckpts``). With ``max_keep_ckpts=1`` that oldest one is
+the checkpoint ``last_checkpoint`` names, and a kill during the write would
+leave nothing to resume from. ``AtomicLocalBackend.remove`` therefore keeps
+a checkpoint the marker still names until the marker names another one; any
+other file is removed at once.
+
 A kill during a write can leave a hidden temporary file
 ``.<name>.<random>.partial`` next to the checkpoints; it is never read and
 can be deleted.
@@ -34,7 +41,7 @@ import os
 import os.path as osp
 import uuid
 from pathlib import Path
-from typing import Union
+from typing import List, Optional, Union
 
 import mmengine
 from mmengine.fileio import LocalBackend, register_backend
@@ -90,8 +97,39 @@ def atomic_write_bytes(data: bytes, filepath: Union[str, Path]):
     _fsync_folder(folder)
 
 
+# Checkpoints whose removal waits for the marker to name another file, and
+# what the marker last written by this process names.
+_deferred_removals: List[str] = []
+_marked: Optional[str] = None
+
+
+def _named_by_marker(filepath: str) -> bool:
+    """Whether ``last_checkpoint`` names ``filepath``: the marker this
+    process wrote last, or before the first one (a resumed run) the marker
+    beside the file."""
+    marked = _marked
+    if marked is None:
+        marker = osp.join(osp.dirname(filepath), MARKER_NAME)
+        if osp.isfile(marker):
+            with builtins.open(marker, encoding='utf-8') as f:
+                marked = f.read().strip()
+    return marked is not None and osp.abspath(marked) == osp.abspath(filepath)
+
+
+def _marker_written(text: str):
+    """The marker now names ``text``: the checkpoints kept for the previous
+    marker can go."""
+    global _marked
+    _marked = text.strip()
+    while _deferred_removals:
+        path = _deferred_removals.pop()
+        if osp.abspath(path) != osp.abspath(_marked) and osp.isfile(path):
+            os.remove(path)
+
+
 class AtomicLocalBackend(LocalBackend):
-    """mmengine's local backend with atomic ``put`` and ``put_text``."""
+    """mmengine's local backend with atomic ``put`` and ``put_text``, and a
+    ``remove`` that keeps the checkpoint ``last_checkpoint`` names."""
 
     def put(self, obj: bytes, filepath: Union[str, Path]) -> None:
         atomic_write_bytes(obj, filepath)
@@ -99,6 +137,13 @@ class AtomicLocalBackend(LocalBackend):
     def put_text(self, obj: str, filepath: Union[str, Path],
                  encoding: str = 'utf-8') -> None:
         atomic_write_bytes(obj.encode(encoding), filepath)
+
+    def remove(self, filepath: Union[str, Path]) -> None:
+        filepath = os.fspath(filepath)
+        if _named_by_marker(filepath):
+            _deferred_removals.append(filepath)
+            return
+        super().remove(filepath)
 
 
 register_backend(BACKEND_NAME, AtomicLocalBackend, force=True)
@@ -121,6 +166,7 @@ class _AtomicMarkerFile(io.StringIO):
             text = self.getvalue()
             super().close()
             AtomicLocalBackend().put_text(text, self._path, self._encoding)
+            _marker_written(text)
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:

@@ -7,10 +7,10 @@ and its statistics methods, pickled as ``getattr(HistoryBuffer, 'mean')``).
 ``resume`` and ``load_from`` then fail.
 
 Instead of turning safe loading off we allow exactly these types, and only
-where they are needed: mmengine's loader for local files is replaced by one
-that passes them to ``torch.load(weights_only=True)`` for that call, and the
-package's own reader (pretrained weights, the visualization tool) accepts
-them too. Nothing is added to torch's process-wide allowlist. ``getattr``
+where they are needed: mmengine's loader for local files is replaced by the
+package's own checked reader (``read_checkpoint``: ``weights_only=True``,
+and a message that names a truncated, corrupt or unsafe file), which accepts
+them for its calls only. Nothing is added to torch's process-wide allowlist. ``getattr``
 is harmless here: the safe unpickler only ever calls allowlisted functions.
 """
 from __future__ import annotations
@@ -19,11 +19,10 @@ import builtins
 import os.path as osp
 
 import numpy as np
-import torch
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from ..checkpoint import register_safe_globals
+from ..checkpoint import read_checkpoint, register_safe_globals
 
 
 def mmengine_checkpoint_types() -> list:
@@ -39,13 +38,9 @@ def mmengine_checkpoint_types() -> list:
 
 
 def load_from_local_weights_only(filename, map_location):
-    """mmengine's local-file loader, with safe loading kept on."""
-    filename = osp.expanduser(filename)
-    if not osp.isfile(filename):
-        raise FileNotFoundError(f'{filename} can not be found.')
-    with torch.serialization.safe_globals(mmengine_checkpoint_types()):
-        return torch.load(filename, map_location=map_location,
-                          weights_only=True)
+    """mmengine's local-file loader (resume, load_from), with safe loading
+    kept on and clear errors for bad files."""
+    return read_checkpoint(osp.expanduser(filename), map_location)
 
 
 def allow_mmengine_checkpoints():
