@@ -1,4 +1,4 @@
-"""Scratch buffers that the blocks of a forward share during inference.
+"""Scratch buffers that the blocks of a level share during inference.
 
 Every block of a level produces intermediates of the same shapes.
 Allocating them afresh costs more than it seems: large buffers come straight
