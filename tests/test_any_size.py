@@ -237,11 +237,7 @@ def test_gradients_flow_in_eval_mode_with_grad_enabled():
     assert pos.attention_centers.grad is not None
 
 
-@pytest.mark.parametrize('gate', ['gqpe', 'lrpe', 'sgu'])
-def test_inference_path_equals_autograd_path(gate):
-    """Without autograd the GELU and gating run fused and in place; with it,
-    out of place. Both must compute the same thing."""
-    model = _model(gate)
+def _assert_inference_equals_autograd(model):
     x = torch.randn(2, 3, 97, 161)
     with torch.no_grad():
         fast = model.forward_levels(x)
@@ -249,6 +245,13 @@ def test_inference_path_equals_autograd_path(gate):
         plain = model.forward_levels(x.requires_grad_())
     for a, b in zip(fast, plain):
         assert (a - b.detach()).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize('gate', ['gqpe', 'lrpe', 'sgu'])
+def test_inference_path_equals_autograd_path(gate):
+    """Without autograd the GELU and gating run in place, through scratch
+    buffers; with it, out of place. Both must compute the same thing."""
+    _assert_inference_equals_autograd(_model(gate))
 
 
 def test_stem_inference_path_is_exact():
@@ -299,11 +302,4 @@ def test_inference_in_runs_equals_autograd_path(monkeypatch, gate, max_rows):
     window per run with max_rows=1; whole classes with None, as on GPUs);
     the run length must not change the result."""
     monkeypatch.setattr(workspace_module, 'CPU_RUN_ROWS', max_rows)
-    model = _model(gate)
-    x = torch.randn(2, 3, 97, 161)
-    with torch.no_grad():
-        fast = model.forward_levels(x)
-    with torch.enable_grad():
-        plain = model.forward_levels(x.requires_grad_())
-    for a, b in zip(fast, plain):
-        assert (a - b.detach()).abs().max() <= 1e-5
+    _assert_inference_equals_autograd(_model(gate))

@@ -288,21 +288,11 @@ def test_marker_writer_discards_on_error(tmp_path):
         f.write('x')
 
 
-def test_real_checkpoint_hook_writes_both_files_atomically(tmp_path,
-                                                           monkeypatch):
-    """mmengine's CheckpointHook, configured as the shipped configs do,
-    writes the .pth through the backend and the marker through the
-    atomic marker writer: every file it writes is renamed into place."""
+def _train_toy(work_dir, max_epochs, **checkpoint_options):
+    """A tiny real Runner with mmengine's CheckpointHook on the
+    ``local_atomic`` backend, as the shipped configs set it up."""
     from mmengine.model import BaseModel
     from mmengine.runner import Runner
-
-    written = []
-    real = atomic_checkpoints.atomic_write_bytes
-
-    def recording(data, filepath):
-        written.append(osp.basename(os.fspath(filepath)))
-        real(data, filepath)
-    monkeypatch.setattr(atomic_checkpoints, 'atomic_write_bytes', recording)
 
     class Toy(BaseModel):
         def __init__(self):
@@ -315,21 +305,37 @@ def test_real_checkpoint_hook_writes_both_files_atomically(tmp_path,
 
     data = [dict(inputs=torch.full((2,), float(i))) for i in range(4)]
     runner = Runner(
-        model=Toy(), work_dir=str(tmp_path / 'toy'),
-        experiment_name=f'atomic_{os.getpid()}_{time.time_ns()}',
+        model=Toy(), work_dir=str(work_dir),
+        experiment_name=f'toy_{os.getpid()}_{time.time_ns()}',
         train_dataloader=dict(dataset=data, batch_size=2,
                               sampler=dict(type='DefaultSampler',
                                            shuffle=False),
                               collate_fn=dict(type='pseudo_collate')),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
-        train_cfg=dict(by_epoch=True, max_epochs=2),
+        train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
         default_hooks=dict(checkpoint=dict(
             type='CheckpointHook', interval=1,
-            backend_args=dict(backend='local_atomic'))),
+            backend_args=dict(backend='local_atomic'),
+            **checkpoint_options)),
         # leave mmdet, not mmengine, as the current default scope: the
         # OpenMMLab tests build unscoped ``type='PosMLP'``
         default_scope='mmdet')
     runner.train()
+
+
+def test_real_checkpoint_hook_writes_both_files_atomically(tmp_path,
+                                                           monkeypatch):
+    """mmengine's CheckpointHook, configured as the shipped configs do,
+    writes the .pth through the backend and the marker through the
+    atomic marker writer: every file it writes is renamed into place."""
+    written = []
+    real = atomic_checkpoints.atomic_write_bytes
+
+    def recording(data, filepath):
+        written.append(osp.basename(os.fspath(filepath)))
+        real(data, filepath)
+    monkeypatch.setattr(atomic_checkpoints, 'atomic_write_bytes', recording)
+    _train_toy(tmp_path / 'toy', max_epochs=2)
     assert written == ['epoch_1.pth', 'last_checkpoint',
                        'epoch_2.pth', 'last_checkpoint']
     work = tmp_path / 'toy'
@@ -345,9 +351,6 @@ def test_max_keep_one_keeps_the_latest_until_a_new_one_is_marked(
     until the new checkpoint is complete and marked, so that a kill during
     the write still leaves something to resume from; afterwards only the
     newest one is left."""
-    from mmengine.model import BaseModel
-    from mmengine.runner import Runner
-
     work = tmp_path / 'keep_one'
     seen_while_writing = {}
     real = atomic_checkpoints.atomic_write_bytes
@@ -361,31 +364,7 @@ def test_max_keep_one_keeps_the_latest_until_a_new_one_is_marked(
                 osp.basename(marker.read_text()) if marker.exists() else None)
         real(data, filepath)
     monkeypatch.setattr(atomic_checkpoints, 'atomic_write_bytes', recording)
-
-    class Toy(BaseModel):
-        def __init__(self):
-            super().__init__()
-            self.linear = torch.nn.Linear(2, 1)
-
-        def forward(self, inputs, data_samples=None, mode='tensor'):
-            out = self.linear(torch.stack(inputs))
-            return dict(loss=out.square().mean()) if mode == 'loss' else out
-
-    data = [dict(inputs=torch.full((2,), float(i))) for i in range(4)]
-    runner = Runner(
-        model=Toy(), work_dir=str(work),
-        experiment_name=f'keep_one_{os.getpid()}_{time.time_ns()}',
-        train_dataloader=dict(dataset=data, batch_size=2,
-                              sampler=dict(type='DefaultSampler',
-                                           shuffle=False),
-                              collate_fn=dict(type='pseudo_collate')),
-        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
-        train_cfg=dict(by_epoch=True, max_epochs=3),
-        default_hooks=dict(checkpoint=dict(
-            type='CheckpointHook', interval=1, max_keep_ckpts=1,
-            backend_args=dict(backend='local_atomic'))),
-        default_scope='mmdet')
-    runner.train()
+    _train_toy(work, max_epochs=3, max_keep_ckpts=1)
     assert seen_while_writing == {
         'epoch_1.pth': ([], None),
         'epoch_2.pth': (['epoch_1.pth'], 'epoch_1.pth'),

@@ -10,7 +10,6 @@ A set that is already there with the same seed and parameters is kept unless
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
