@@ -2,7 +2,8 @@
 # tools/make_demo_data.py), small enough to train on a CPU in minutes. It
 # inherits the real ADE20K config and changes only the data, the image size,
 # the schedule and the model width.
-_base_ = '../fpn_posmlp_t_4xb4-40k_ade20k-512x512.py'
+_base_ = ['../fpn_posmlp_t_4xb4-40k_ade20k-512x512.py',
+          '../_base_/posmlp_demo_backbone.py']
 
 classes = ('background', 'circle', 'square', 'triangle')
 palette = [(120, 120, 120), (220, 20, 60), (0, 130, 255), (255, 190, 0)]
@@ -13,16 +14,7 @@ norm_cfg = dict(type='BN', requires_grad=True)  # SyncBN needs GPUs
 data_preprocessor = dict(size=crop_size)
 model = dict(
     data_preprocessor=data_preprocessor,
-    backbone=dict(
-        arch=dict(
-            _delete_=True,
-            embed_dims=(32, 64, 128, 256),
-            depths=(1, 1, 2, 1),
-            mlp_ratio=(4, 4, 4, 2),
-            gamma=(8, 16, 32, 64),
-            window_size=(14, 14, 14, 7)),
-        drop_path_rate=0.0,
-        init_cfg=None),  # trained from scratch: no ImageNet weights here
+    backbone={{_base_.demo_backbone}},
     neck=dict(in_channels=[32, 64, 128, 256], out_channels=64),
     decode_head=dict(in_channels=[64, 64, 64, 64], channels=64,
                      num_classes=len(classes), norm_cfg=norm_cfg))

@@ -2,7 +2,8 @@
 # (python tools/make_demo_data.py), small enough to train on a CPU in
 # minutes. It inherits the real COCO config and changes only the data, the
 # image size, the schedule and the model width.
-_base_ = '../retinanet_posmlp_t_fpn_1x_coco.py'
+_base_ = ['../retinanet_posmlp_t_fpn_1x_coco.py',
+          '../_base_/posmlp_demo_backbone.py']
 
 classes = ('circle', 'square', 'triangle')
 palette = [(220, 20, 60), (0, 130, 255), (255, 190, 0)]
@@ -10,16 +11,7 @@ data_root = 'data/demo_coco/'
 image_scale = (256, 192)  # (w, h), the size the set is generated at
 
 model = dict(
-    backbone=dict(
-        arch=dict(
-            _delete_=True,
-            embed_dims=(32, 64, 128, 256),
-            depths=(1, 1, 2, 1),
-            mlp_ratio=(4, 4, 4, 2),
-            gamma=(8, 16, 32, 64),
-            window_size=(14, 14, 14, 7)),
-        drop_path_rate=0.0,
-        init_cfg=None),  # trained from scratch: no ImageNet weights here
+    backbone={{_base_.demo_backbone}},
     neck=dict(in_channels=[64, 128, 256], out_channels=64),
     bbox_head=dict(num_classes=len(classes), in_channels=64,
                    feat_channels=64))
