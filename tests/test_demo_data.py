@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from posmlp_dense import demo_data
-from posmlp_dense.demo_data import (DETECTION_CLASSES, SEGMENTATION_CLASSES,
+from posmlp_dense.data import shapes as demo_data
+from posmlp_dense.data.shapes import (DETECTION_CLASSES, SEGMENTATION_CLASSES,
                                     SEGMENTATION_PALETTE, make_demo_data,
                                     make_detection_set, make_segmentation_set)
 

@@ -37,13 +37,13 @@ from mmengine.config import Config  # noqa: E402
 from mmengine.runner.checkpoint import (_load_checkpoint,  # noqa: E402
                                         find_latest_checkpoint)
 
-from posmlp_dense import demo_data  # noqa: E402
-from posmlp_dense.openmmlab import atomic_checkpoints  # noqa: E402
+from posmlp_dense.data import shapes as demo_data  # noqa: E402
+from posmlp_dense.openmmlab.runtime import atomic_checkpoints  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO_DET = osp.join(ROOT, 'configs', 'demo',
                     'retinanet_posmlp_t_fpn_demo-shapes.py')
-ATOMIC_MODULE = osp.join(ROOT, 'posmlp_dense', 'openmmlab',
+ATOMIC_MODULE = osp.join(ROOT, 'posmlp_dense', 'openmmlab', 'runtime',
                          'atomic_checkpoints.py')
 EPOCHS = 3
 WAIT_S = 600  # generous: the machine may be shared and slow

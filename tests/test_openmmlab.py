@@ -24,7 +24,7 @@ from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 from mmengine.runner.checkpoint import _load_checkpoint  # noqa: E402
 
-from posmlp_dense import demo_data  # noqa: E402
+from posmlp_dense.data import shapes as demo_data  # noqa: E402
 from posmlp_dense.checkpoint import read_checkpoint  # noqa: E402
 from posmlp_dense.openmmlab import MMPosMLP  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""tools/visualize_posmap.py and posmlp_dense/posmap.py.
+"""tools/visualize_posmap.py and posmlp_dense/analysis/posmap.py.
 
 * the tool runs on every gate type and every checkpoint format;
 * what it draws is the model's own mixing matrix (from the module, not
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from posmlp_dense import PosMLP, load_pretrained, save_checkpoint
-from posmlp_dense import posmap as pm
+from posmlp_dense.analysis import posmap as pm
 
 from conftest import fixture_path, randomize_
 

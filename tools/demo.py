@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from posmlp_dense import demo_data
+from posmlp_dense.data import shapes as demo_data
 
 HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(HERE)

@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 
-from posmlp_dense import demo_data
+from posmlp_dense.data import shapes as demo_data
 
 
 def parse_args(argv=None):

@@ -11,7 +11,7 @@ import json
 import os
 import os.path as osp
 
-from posmlp_dense.openmmlab import launch
+from posmlp_dense.openmmlab.runtime import launch
 
 
 def parse_args():

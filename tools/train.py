@@ -10,7 +10,7 @@ tools/dist_train.sh and tools/slurm_train.sh (``--launcher pytorch|slurm``).
 """
 import argparse
 
-from posmlp_dense.openmmlab import launch
+from posmlp_dense.openmmlab.runtime import launch
 
 
 def parse_args():

@@ -41,7 +41,7 @@ except ImportError:  # run from a checkout without installing
         os.path.abspath(__file__))))
 
 from posmlp_dense import PosMLP  # noqa: E402
-from posmlp_dense.posmap import normalize_images, synthetic_images  # noqa
+from posmlp_dense.analysis.posmap import normalize_images, synthetic_images  # noqa
 
 # widths of a small model; the published T/S/B gamma and windows
 DEMO_ARCH = dict(embed_dims=(32, 64, 128, 256), depths=(2, 2, 2, 2),

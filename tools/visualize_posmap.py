@@ -40,7 +40,7 @@ except ImportError:  # run from a checkout without installing
     sys.path.insert(0, os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
 
-from posmlp_dense import posmap as pm  # noqa: E402
+from posmlp_dense.analysis import posmap as pm  # noqa: E402
 from posmlp_dense.checkpoint import CheckpointError  # noqa: E402
 
 MAX_COLS = 8

@@ -12,11 +12,11 @@ from __future__ import annotations
 import importlib
 import logging
 
-from . import atomic_checkpoints  # noqa: F401  (registers 'local_atomic')
+from .runtime import atomic_checkpoints  # noqa: F401  (registers 'local_atomic')
 from ..optional_deps import is_installed
 from .backbone import MMPosMLP
-from .cpu_ddp import CPUCompatibleDDP
-from .safe_checkpoints import allow_mmengine_checkpoints
+from .runtime.cpu_ddp import CPUCompatibleDDP
+from .runtime.safe_checkpoints import allow_mmengine_checkpoints
 
 FRAMEWORKS = ('mmdet', 'mmseg')
 

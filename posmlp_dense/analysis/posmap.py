@@ -32,10 +32,10 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-from .backbone import PosMLP
-from .checkpoint import (extract_state_dict, infer_config, load_state,
+from ..backbone import PosMLP
+from ..checkpoint import (extract_state_dict, infer_config, load_state,
                          read_checkpoint, strip_prefix)
-from .gates import GQPE, SGU, GateUnit, PoSGU
+from ..gates import GQPE, SGU, GateUnit, PoSGU
 
 Rect = Tuple[int, int, int, int]
 

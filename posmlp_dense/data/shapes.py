@@ -403,7 +403,7 @@ class _Writer:
                 if _OWN_FILE.match(name) and rel not in self.files and \
                         os.path.isfile(os.path.join(folder, name)):
                     os.remove(os.path.join(folder, name))
-        manifest = dict(generator='posmlp_dense.demo_data',
+        manifest = dict(generator='posmlp_dense.data.shapes',
                         format_version=FORMAT_VERSION, kind=kind,
                         params=_jsonable(params), counts=counts,
                         content_hash=_content_hash(self.files),

@@ -22,7 +22,7 @@ import numpy as np
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from ..checkpoint import read_checkpoint, register_safe_globals
+from ...checkpoint import read_checkpoint, register_safe_globals
 
 
 def mmengine_checkpoint_types() -> list:

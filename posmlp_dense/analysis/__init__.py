@@ -1,0 +1,1 @@
+"""Analysis of trained models: what the positional gates learned."""

@@ -1,0 +1,1 @@
+"""Built-in datasets: small, generated, real files on disk (no downloads)."""

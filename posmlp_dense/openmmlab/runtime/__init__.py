@@ -1,0 +1,1 @@
+"""Opt-in training-runtime components for mmengine runs (see README)."""
