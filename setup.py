@@ -53,6 +53,7 @@ setup(
     extras_require={
         'mm': read_requirements('mm'),
         'tests': read_requirements('tests'),
+        'export': read_requirements('export'),
     },
     zip_safe=False,
 )

@@ -178,7 +178,7 @@ req_lines requirements/mm.txt | grep -Ev '^(mmcv|mmengine)([^a-zA-Z0-9_.-]|$)' >
 "${PIP[@]}" install --progress-bar off --prefer-binary -c "$CONSTRAINTS" \
     "${TORCH_REQS[@]}" \
     -r requirements/env.txt -r requirements/runtime.txt \
-    -r requirements/tests.txt -r "$MM_REST"
+    -r requirements/tests.txt -r requirements/export.txt -r "$MM_REST"
 
 # ---------------------------------------------------------------------------
 step "mmcv $MMCV_VERSION with compiled ops"
