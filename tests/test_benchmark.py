@@ -1,4 +1,5 @@
-"""tools/benchmark.py in a tiny configuration (no timing assertions)."""
+"""tools/benchmark.py and posmlp_dense.bench in a tiny configuration (no
+timing assertions)."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 from posmlp_dense import PosMLP
+from posmlp_dense.bench.measure import PeakMemory, fit_exponent
+from posmlp_dense.bench.published_port import PublishedPort
 
 from conftest import randomize_
 
@@ -139,11 +142,11 @@ def test_benchmark_main_tiny(bench, tmp_path, one_thread):
 
 
 @pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
-def test_published_port_matches(bench, gate):
+def test_published_port_matches(gate):
     torch.manual_seed(0)
     model = randomize_(PosMLP(ARCH, gate=gate,
                               out_indices=(0, 1, 2, 3))).eval()
-    port = bench.PublishedPort(model)
+    port = PublishedPort(model)
     x = torch.randn(2, 3, SIZE, SIZE)
     with torch.no_grad():
         ref, got = model(x), port(x)
@@ -162,16 +165,16 @@ def test_published_port_matches(bench, gate):
     assert all(p.grad is not None for p in pos.parameters())
 
 
-def test_fit_exponent(bench):
+def test_fit_exponent():
     px = [512 ** 2, 1024 ** 2, 1600 ** 2]
-    fit = bench.fit_exponent(px, [3e-7 * p for p in px])
+    fit = fit_exponent(px, [3e-7 * p for p in px])
     assert abs(fit['exponent'] - 1.0) < 1e-9 and fit['r2'] > 0.999
-    fit = bench.fit_exponent(px, [1e-9 * p ** 1.5 for p in px])
+    fit = fit_exponent(px, [1e-9 * p ** 1.5 for p in px])
     assert abs(fit['exponent'] - 1.5) < 1e-9
 
 
-def test_peak_memory_sees_an_allocation(bench):
-    mem = bench.PeakMemory(torch.device('cpu'))
+def test_peak_memory_sees_an_allocation():
+    mem = PeakMemory(torch.device('cpu'))
     with mem:
         x = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB, touched
         del x
