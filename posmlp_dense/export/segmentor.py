@@ -1,0 +1,66 @@
+"""An mmseg segmentor's tensor forward as a module that can be exported.
+
+``SegmentorLogits`` maps a batch of normalized images (what mmseg's data
+preprocessor hands the model) to the decode head's logits: the segmentor's
+``forward(inputs, mode='tensor')``. Preprocessing (mean/std, BGR->RGB,
+padding) and the post-processing to a label map stay outside the graph, as
+in mmdeploy; the logits are at the decode head's stride (1/4 for Semantic
+FPN and UperNet).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..checkpoint import extract_state_dict, read_checkpoint
+
+
+class SegmentorLogits(nn.Module):
+    """Normalized images (B, 3, H, W) -> decode-head logits (B, K, h, w)."""
+
+    def __init__(self, segmentor: nn.Module):
+        super().__init__()
+        self.segmentor = segmentor
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.segmentor(inputs, mode='tensor')
+
+
+def build_segmentor(config: str, checkpoint: Optional[str] = None,
+                    cfg_options: Optional[dict] = None) -> nn.Module:
+    """Build the config's segmentor with mmseg's registry, in eval mode.
+
+    With ``checkpoint`` (a training checkpoint of this config) every weight
+    is loaded, strictly; without one the weights are the freshly
+    initialized ones (``init_cfg`` is not applied, so no ImageNet file is
+    needed). SyncBN layers become plain BatchNorm (mmengine's
+    ``revert_sync_batchnorm``), which is what they compute in eval mode.
+    """
+    from mmengine.config import Config
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.registry import init_default_scope
+
+    cfg = Config.fromfile(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    if cfg.get('default_scope') != 'mmseg':
+        raise ValueError(
+            f'{config} is not an mmseg config (default_scope '
+            f'{cfg.get("default_scope")!r}); only segmentors are exported '
+            f'whole, a detector\'s backbone exports with --arch')
+    init_default_scope('mmseg')
+    from mmseg.registry import MODELS
+    segmentor = revert_sync_batchnorm(MODELS.build(cfg.model))
+    if checkpoint is not None:
+        state, _ = extract_state_dict(read_checkpoint(checkpoint), 'raw')
+        result = segmentor.load_state_dict(state, strict=False)
+        if result.missing_keys or result.unexpected_keys:
+            raise ValueError(
+                f'{checkpoint} does not fit the segmentor of {config}: '
+                f'missing {result.missing_keys[:5]} '
+                f'({len(result.missing_keys)} in all), unexpected '
+                f'{result.unexpected_keys[:5]} '
+                f'({len(result.unexpected_keys)} in all)')
+    return segmentor.eval()

@@ -1,0 +1,327 @@
+"""tools/export.py and posmlp_dense.export: ONNX files that are checked in
+ONNX Runtime against eager PyTorch, and refused when they do not match."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from posmlp_dense import PosMLP
+from posmlp_dense.export import (export_onnx, export_verified,
+                                 unverified_path, verify_onnx)
+from posmlp_dense.export.coverage import describe_coverage
+
+from conftest import TINY_ARCH, randomize_
+
+onnxruntime = pytest.importorskip(
+    'onnxruntime', reason='the export extra is not installed: '
+    'pip install -e ".[export]"')
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DEMO_SEG = osp.join(ROOT, 'configs', 'demo', 'fpn_posmlp_t_demo-shapes.py')
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location(
+        'export_tool', osp.join(ROOT, 'tools', 'export.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_tool(argv):
+    """(exit status, stdout, stderr) of tools/export.py in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = _tool().main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+def _onnx_outputs(path, x):
+    session = onnxruntime.InferenceSession(
+        str(path), providers=['CPUExecutionProvider'])
+    return session.run(None, {session.get_inputs()[0].name: x.numpy()})
+
+
+def _leftovers(folder):
+    """Temporary export files left in ``folder``."""
+    return [name for name in os.listdir(folder) if 'partial' in name]
+
+
+# ----------------------------------------------------------------- toy models
+class DriftsWhenExported(nn.Module):
+    """Its exported graph computes with other weights than its eager forward:
+    a stand-in for an export that silently gets the model wrong."""
+
+    def __init__(self):
+        super().__init__()
+        self.eager_conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.exported_conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        if torch.compiler.is_exporting():
+            return self.exported_conv(x)
+        return self.eager_conv(x)
+
+
+class TwoOutputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y, y.mean(1, keepdim=True)
+
+
+def test_verified_file_is_renamed_into_place(tmp_path):
+    model = TwoOutputs().eval()
+    out = tmp_path / 'two.onnx'
+    result = export_verified(model, (1, 3, 32, 48), str(out),
+                             verify_sizes=[(45, 31), (7, 9)])
+    assert result.passed and result.path == str(out) and out.is_file()
+    assert _leftovers(tmp_path) == []
+    checks = result.report.checks
+    assert [c.shape for c in checks] == [(1, 3, 32, 48), (2, 3, 45, 31),
+                                         (2, 3, 7, 9)]
+    assert [len(c.outputs) for c in checks] == [2, 2, 2]
+    assert result.report.input_shape == ['batch', 3, 'height', 'width']
+    # the file really is dynamic: it runs at a size nobody verified
+    x = torch.randn(3, 3, 21, 66)
+    got = _onnx_outputs(out, x)
+    with torch.no_grad():
+        ref = model(x)
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_file_that_differs_from_eager_is_refused_and_not_kept(tmp_path):
+    out = tmp_path / 'drift.onnx'
+    result = export_verified(DriftsWhenExported(), (1, 3, 32, 48), str(out))
+    assert not result.passed
+    assert result.path is None and result.unverified_path is None
+    assert not out.exists() and _leftovers(tmp_path) == []
+    assert all(not check.passed for check in result.report.checks)
+    assert 'NOT verified' in result.report.verdict()
+    assert 'beyond tolerance' in result.report.table()
+
+
+def test_refused_file_leaves_an_existing_file_alone(tmp_path):
+    out = tmp_path / 'drift.onnx'
+    out.write_bytes(b'the previous, verified file')
+    result = export_verified(DriftsWhenExported(), (1, 3, 32, 48), str(out),
+                             overwrite=True)
+    assert not result.passed
+    assert out.read_bytes() == b'the previous, verified file'
+    with pytest.raises(FileExistsError, match='overwrite'):
+        export_verified(TwoOutputs(), (1, 3, 32, 48), str(out))
+
+
+def test_keep_unverified_keeps_it_under_a_marked_name(tmp_path):
+    out = tmp_path / 'drift.onnx'
+    result = export_verified(DriftsWhenExported(), (1, 3, 32, 48), str(out),
+                             keep_unverified=True)
+    assert not result.passed and not out.exists()
+    assert result.unverified_path == unverified_path(str(out)) == str(
+        tmp_path / 'drift.UNVERIFIED.onnx')
+    assert osp.isfile(result.unverified_path)
+    assert _leftovers(tmp_path) == []
+
+
+def test_file_fixed_to_one_size_fails_verification(tmp_path):
+    """What the legacy exporter used to write: a graph for one size only."""
+    path = tmp_path / 'static.onnx'
+    model = TwoOutputs().eval()
+    program = torch.onnx.export(model, (torch.randn(1, 3, 32, 48),),
+                                dynamo=True)
+    program.save(str(path), external_data=False)
+    report = verify_onnx(str(path), model, [(1, 3, 32, 48), (1, 3, 40, 40)],
+                         export_shape=(1, 3, 32, 48))
+    assert not report.passed
+    assert report.checks[0].passed  # right at the size it was made for ...
+    assert 'ONNX Runtime failed' in report.checks[1].error  # ... only
+    assert any('fixed H and W' in p for p in report.problems)
+
+
+def test_export_onnx_rejects_a_non_image_example(tmp_path):
+    with pytest.raises(ValueError, match='4-D'):
+        export_onnx(TwoOutputs(), torch.randn(3, 32, 48),
+                    str(tmp_path / 'x.onnx'))
+
+
+# ------------------------------------------------------------- the backbone
+@pytest.fixture(scope='module')
+def backbone_export(tmp_path_factory):
+    """The tool, run once on a tiny PosMLP with random saved weights."""
+    folder = tmp_path_factory.mktemp('backbone')
+    model = randomize_(PosMLP(TINY_ARCH, gate='gqpe'), seed=1).eval()
+    checkpoint = folder / 'tiny.pth'
+    torch.save(model.state_dict(), checkpoint)
+    out = folder / 'tiny.onnx'
+    status, stdout, stderr = _run_tool([
+        '--arch', json.dumps(TINY_ARCH), '--gate', 'gqpe', '--checkpoint',
+        str(checkpoint), '--shape', '128', '160', '--out', str(out)])
+    return SimpleNamespace(status=status, stdout=stdout, stderr=stderr,
+                           out=out, model=model, folder=folder)
+
+
+def test_tool_exports_and_verifies_the_backbone(backbone_export):
+    run = backbone_export
+    assert run.status == 0, run.stdout + run.stderr
+    assert run.out.is_file() and _leftovers(run.folder) == []
+    assert 'verified: 3 input sizes' in run.stdout
+    # one table row per size and returned level, every one matching
+    rows = [line for line in run.stdout.splitlines()
+            if line.startswith('| ') and 'level' in line]
+    assert len(rows) == 3 * 4 and all(row.endswith('| yes |') for row in rows)
+    # the default sizes cover partial windows and maps under one window
+    assert '2x3x300x460 | L0-L3 edge' in run.stdout
+    assert 'L2-L3 single' in run.stdout
+
+
+def test_backbone_file_matches_eager_at_an_unverified_size(backbone_export):
+    x = torch.randn(2, 3, 97, 161)  # untiled; level 3 is 4 x 6
+    got = _onnx_outputs(backbone_export.out, x)
+    with torch.no_grad():
+        ref = backbone_export.model(x)
+    assert len(got) == len(ref) == 4
+    for g, r in zip(got, ref):
+        assert g.shape == tuple(r.shape)
+        np.testing.assert_allclose(g, r.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_backbone_file_is_refused_for_other_weights(backbone_export):
+    other = randomize_(PosMLP(TINY_ARCH, gate='gqpe'), seed=2).eval()
+    report = verify_onnx(str(backbone_export.out), other,
+                         [(1, 3, 128, 160), (1, 3, 150, 190)])
+    assert not report.passed
+    assert all(out.max_abs_diff > 1e-2 for check in report.checks
+               for out in check.outputs)
+
+
+def test_coverage_names_tiled_partial_and_single_window_levels():
+    model = PosMLP(TINY_ARCH)  # windows 14, 14, 14, 7
+    assert describe_coverage(model, [(56, 56), (28, 28), (14, 14), (7, 7)]
+                             ) == 'L0-L3 tiled'
+    assert describe_coverage(model, [(38, 48), (19, 24), (10, 12), (5, 6)]
+                             ) == 'L0,L1 edge, L2,L3 single'
+
+
+# ----------------------------------------------------------- the segmentor
+TINY_SEG_CONFIG = '''
+_base_ = [{base!r}]
+model = dict(
+    backbone=dict(arch=dict(embed_dims=(16, 32, 64, 128), depths=(1, 1, 1, 1),
+                            gamma=(4, 8, 16, 32))),
+    neck=dict(in_channels=[16, 32, 64, 128], out_channels=16),
+    decode_head=dict(in_channels=[16, 16, 16, 16], channels=16))
+'''
+
+
+@pytest.fixture(scope='module')
+def segmentor_export(tmp_path_factory):
+    pytest.importorskip('mmseg')
+    from posmlp_dense.export import SegmentorLogits, build_segmentor
+    folder = tmp_path_factory.mktemp('segmentor')
+    config = folder / 'fpn_tiny.py'
+    config.write_text(TINY_SEG_CONFIG.format(base=DEMO_SEG))
+    segmentor = randomize_(build_segmentor(str(config)), seed=3).eval()
+    checkpoint = folder / 'iter_1.pth'
+    torch.save({'meta': {}, 'state_dict': segmentor.state_dict()}, checkpoint)
+    out = folder / 'fpn_tiny.onnx'
+    status, stdout, stderr = _run_tool([
+        '--config', str(config), '--checkpoint', str(checkpoint), '--shape',
+        '192', '256', '--out', str(out)])
+    return SimpleNamespace(status=status, stdout=stdout, stderr=stderr,
+                           out=out, model=SegmentorLogits(segmentor).eval(),
+                           folder=folder, config=config)
+
+
+def test_tool_exports_and_verifies_the_segmentor(segmentor_export):
+    run = segmentor_export
+    assert run.status == 0, run.stdout + run.stderr
+    assert 'verified: 3 input sizes' in run.stdout
+    rows = [line for line in run.stdout.splitlines()
+            if line.startswith('| ') and 'logits' in line]
+    assert len(rows) == 3 and all(row.endswith('| yes |') for row in rows)
+    assert 'mean [123.675, 116.28, 103.53]' in run.stdout
+
+
+def test_segmentor_file_gives_the_checkpoint_logits(segmentor_export):
+    x = torch.randn(1, 3, 97, 161)
+    (got,) = _onnx_outputs(segmentor_export.out, x)
+    with torch.no_grad():
+        ref = segmentor_export.model(x)
+    assert got.shape == tuple(ref.shape) == (1, 4, 25, 41)
+    np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_segmentor_checkpoint_of_another_model_is_refused(segmentor_export,
+                                                          tmp_path):
+    wrong = tmp_path / 'wrong.pth'
+    torch.save({'state_dict': PosMLP(TINY_ARCH).state_dict()}, wrong)
+    out = tmp_path / 'x.onnx'
+    status, _, stderr = _run_tool(['--config', str(segmentor_export.config),
+                                   '--checkpoint', str(wrong), '--out',
+                                   str(out)])
+    assert status == 2 and 'does not fit the segmentor' in stderr
+    assert not out.exists()
+
+
+# ------------------------------------------------------------ command line
+def test_tool_refuses_to_replace_a_file_without_overwrite(tmp_path):
+    out = tmp_path / 'exists.onnx'
+    out.write_bytes(b'keep me')
+    status, _, stderr = _run_tool(['--arch', json.dumps(TINY_ARCH), '--out',
+                                   str(out)])
+    assert status == 2 and '--overwrite' in stderr
+    assert out.read_bytes() == b'keep me'
+
+
+@pytest.mark.parametrize('argv', [
+    ['--arch', 't', '--out', 'x.onnx', '--verify-sizes', '300'],
+    ['--arch', 't', '--out', 'x.onnx', '--verify-sizes', '0x8'],
+    ['--arch', '{"embed_dims": [1, 2', '--out', 'x.onnx'],
+    ['--arch', 't', '--config', 'c.py', '--out', 'x.onnx'],
+    ['--config', 'c.py', '--gate', 'lrpe', '--out', 'x.onnx'],
+    ['--arch', 't'],
+])
+def test_tool_rejects_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _tool().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert 'error' in capsys.readouterr().err
+
+
+# Makes onnxruntime look uninstalled: with None in sys.modules, importing
+# it fails and importlib.util.find_spec reports no such module.
+HIDE_ONNXRUNTIME = '''
+import runpy, sys
+sys.modules['onnxruntime'] = None
+sys.argv = ['tools/export.py'] + sys.argv[1:]
+runpy.run_path('tools/export.py', run_name='__main__')
+'''
+
+
+def test_missing_export_dependency_is_named(tmp_path):
+    out = tmp_path / 'x.onnx'
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    res = subprocess.run(
+        [sys.executable, '-c', HIDE_ONNXRUNTIME, '--arch', 't', '--out',
+         str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=300)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert 'onnxruntime, which is not installed' in res.stderr
+    assert 'pip install -e ".[export]"' in res.stderr
+    assert not out.exists()

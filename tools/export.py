@@ -1,0 +1,177 @@
+#!/usr/bin/env python
+"""Export a PosMLP backbone or a PosMLP mmseg segmentor to ONNX, verified.
+
+    python tools/export.py --arch t --out posmlp_t.onnx
+    python tools/export.py --arch s --gate gqpe --checkpoint posmlp_s.pth \
+        --shape 800 1344 --out posmlp_s.onnx
+    python tools/export.py \
+        --config configs/fpn_posmlp_t_4xb4-40k_ade20k-512x512.py \
+        --checkpoint iter_40000.pth --out fpn_posmlp_t.onnx
+
+The graph is written by torch's dynamo exporter with dynamic batch, height
+and width, then run in ONNX Runtime at the export size and at the
+``--verify-sizes`` (by default one size no window tiles and one smaller
+than a window at the deepest level) and compared with eager PyTorch. The
+table of differences is printed; the file is put at ``--out`` only if every
+size matches, otherwise it is deleted (``--keep-unverified`` keeps it as
+NAME.UNVERIFIED.onnx) and the exit status is 1. Needs the export extra:
+pip install -e ".[export]".
+"""
+import argparse
+import json
+import os.path as osp
+import sys
+
+from posmlp_dense.export import (DEFAULT_VERIFY_SIZES, ExportDependencyError,
+                                 export_verified, require_export_dependencies)
+from posmlp_dense.archs import GATES
+
+
+def parse_size(text):
+    try:
+        h, w = (int(v) for v in text.lower().split('x'))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f'a size is HxW, e.g. 300x460, got {text!r}') from None
+    if h <= 0 or w <= 0:
+        raise argparse.ArgumentTypeError(f'sizes must be positive, got '
+                                         f'{text!r}')
+    return h, w
+
+
+def parse_arch(text):
+    """'t', 's', 'b', or a JSON dict with PosMLP's arch fields."""
+    if text.lstrip().startswith('{'):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise argparse.ArgumentTypeError(
+                f'--arch is not valid JSON: {err}') from None
+    return text
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n')[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog='\n'.join(__doc__.split('\n')[2:]))
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument('--arch', type=parse_arch,
+                       help="backbone: 't', 's', 'b' or a JSON arch dict, "
+                       "e.g. '{\"embed_dims\": [32, 64, 128, 256], ...}'")
+    model.add_argument('--config', help='mmseg config: export the whole '
+                       "segmentor's tensor forward (decode-head logits)")
+    parser.add_argument('--gate', choices=GATES, default='gqpe',
+                        help='backbone gate (with --arch)')
+    parser.add_argument('--checkpoint', help='weights: a PosMLP checkpoint '
+                        '(released or converted) with --arch, a training '
+                        'checkpoint of the config with --config')
+    parser.add_argument('--out', required=True, help='the .onnx file')
+    parser.add_argument('--shape', type=int, nargs=2, default=(512, 512),
+                        metavar=('H', 'W'), help='export size (512 512)')
+    parser.add_argument('--batch', type=int, default=1,
+                        help='batch size of the export example (1)')
+    parser.add_argument('--static-batch', action='store_true',
+                        help='fix the batch size (default: dynamic)')
+    parser.add_argument('--verify-sizes', type=parse_size, nargs='+',
+                        default=list(DEFAULT_VERIFY_SIZES), metavar='HxW',
+                        help='other sizes to check the file at (default: '
+                        + ' '.join(f'{h}x{w}' for h, w in DEFAULT_VERIFY_SIZES)
+                        + ')')
+    parser.add_argument('--opset', type=int, default=None,
+                        help="ONNX opset (default: the exporter's)")
+    parser.add_argument('--atol', type=float, default=1e-4,
+                        help='absolute tolerance (1e-4)')
+    parser.add_argument('--rtol', type=float, default=1e-4,
+                        help='relative tolerance (1e-4)')
+    parser.add_argument('--keep-unverified', action='store_true',
+                        help='keep a file that fails verification, as '
+                        'NAME.UNVERIFIED.onnx')
+    parser.add_argument('--overwrite', action='store_true',
+                        help='replace an existing --out file')
+    args = parser.parse_args(argv)
+    if args.batch <= 0 or min(args.shape) <= 0:
+        parser.error('--batch and --shape must be positive')
+    if args.config is not None and args.gate != 'gqpe':
+        parser.error('--gate is for --arch; a config names its own gate')
+    return args
+
+
+def build_backbone(args):
+    from posmlp_dense import PosMLP, load_pretrained
+    backbone = PosMLP(args.arch, gate=args.gate)
+    if args.checkpoint:
+        print(load_pretrained(backbone, args.checkpoint))
+    name = args.arch if isinstance(args.arch, str) else 'custom'
+    names = [f'level{i}' for i in backbone.out_indices]
+    return backbone.eval(), f'PosMLP {name} ({args.gate})', names
+
+
+def build_segmentor_logits(args):
+    from posmlp_dense.export import SegmentorLogits, build_segmentor
+    segmentor = build_segmentor(args.config, args.checkpoint)
+    pre = segmentor.data_preprocessor
+    if getattr(pre, '_enable_normalize', False):
+        mean = [round(float(v), 3) for v in pre.mean.flatten()]
+        std = [round(float(v), 3) for v in pre.std.flatten()]
+        print(f'input: images normalized as the config does (mean {mean}, '
+              f'std {std}, BGR->RGB {pre._channel_conversion}); output: '
+              f'decode-head logits at its stride')
+    name = f'{type(segmentor).__name__} of {osp.basename(args.config)}'
+    return SegmentorLogits(segmentor).eval(), name, ['logits']
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        require_export_dependencies()
+        if args.config is not None:
+            model, name, output_names = build_segmentor_logits(args)
+        else:
+            model, name, output_names = build_backbone(args)
+        if not args.checkpoint:
+            print('no --checkpoint: exporting freshly initialized weights')
+    except (ExportDependencyError, FileNotFoundError, ValueError,
+            KeyError, TypeError) as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    shape = (args.batch, 3, *args.shape)
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    axes = 'height, width' + ('' if args.static_batch else ', batch')
+    print(f'exporting {name}, {params:.1f} M parameters, at '
+          f'{"x".join(map(str, shape))} with dynamic {axes} '
+          f'(torch.onnx.export, dynamo=True)')
+    try:
+        result = export_verified(
+            model, shape, args.out, verify_sizes=args.verify_sizes,
+            dynamic_batch=not args.static_batch, opset=args.opset,
+            atol=args.atol, rtol=args.rtol, output_names=output_names,
+            keep_unverified=args.keep_unverified, overwrite=args.overwrite)
+    except FileExistsError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    except Exception as err:  # the exporters raise many unrelated types
+        print(f'export failed: {type(err).__name__}: {err}', file=sys.stderr)
+        return 1
+    report = result.report
+    print(f'export {result.export_seconds:.1f} s (opset {result.opset}), '
+          f'verification {result.verify_seconds:.1f} s; the file\'s input: '
+          f'{report.input_shape}')
+    print(report.table())
+    print(report.verdict())
+    if result.passed:
+        size = osp.getsize(result.path) / 2 ** 20
+        print(f'wrote {result.path} ({size:.1f} MB)')
+        return 0
+    if result.unverified_path:
+        print(f'kept the unverified file as {result.unverified_path}',
+              file=sys.stderr)
+    else:
+        print(f'refused: nothing was written to {args.out} '
+              f'(--keep-unverified keeps a failing file under another name)',
+              file=sys.stderr)
+    return 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
