@@ -5,10 +5,38 @@
   mixing). Valid only where windows tile every level.
 * ``per_window_forward_levels``: any input size; every window's *real*
   tokens are processed alone (no padding, no masks), with mixing weights
-  computed from the formulas in ARCHITECTURE.md for exactly those tokens.
+  computed from the published formulas below for exactly those tokens.
+* ``padded_masked_level``: pad to whole windows, mask the padded keys.
 
-Both read the parameters of a posmlp_dense model but none of its window or
-mixing code, so they check that code independently.
+They read the parameters of a posmlp_dense model and call its per-token
+modules (stem convolutions and norms, LayerNorm, Linear), but none of its
+window, position-encoding or mixing code, so they check that code
+independently.
+
+The published formulas (PosMLP, "Parameterization of Cross-Token Relations
+with Relative Positional Encoding for Vision MLP", ACM MM 2022, and the
+authors' released code). A window holds N = wh * ww tokens, token
+m = ym * ww + xm; the gate's u has K channels in gamma groups, channel k in
+group k % gamma:
+
+    PosMap(u)[m, k] = sum_n P_{k % gamma}[m, n] u[n, k] + bias[m]
+    gate output     = PosMap(u) * v          (u, v = hidden.chunk(2))
+
+GQPE, offsets dx = xn - xm, dy = ym - yn (mind the signs), per group a
+centre (d1, d2) and a spread A, S = A A^T (or A itself when not symmetric),
+a, b, c, d = S00, S01, S11, S10:
+
+    score = (a d1 + b d2) dx + (c d2 + d d1) dy
+            - (a dx^2 + c dy^2 + (b + d) dx dy) / 2
+    isotropic (scalar spread sigma): score = sigma^2 (d1 dx + d2 dy)
+                                             - (dx^2 + dy^2) / 2
+    P[m, :] = softmax over the keys n of score[m, :]
+
+LRPE: P[m, n] = table[(ym - yn + wh - 1) (2 ww - 1) + (xm - xn + ww - 1)],
+no softmax. SGU (gMLP): u -> LayerNorm -> Linear over the window's tokens.
+The absolute position embedding (1, gh * gw, C) is reshaped to
+(1, C, gh, gw) as it is stored (a plain reshape, no transpose) and resized
+bicubically (align_corners=False) to the stem's output map.
 """
 from __future__ import annotations
 
@@ -18,9 +46,28 @@ import torch.nn.functional as F
 from posmlp_dense.gates import GQPE, LRPE, SGU
 
 
+# ------------------------------------------------- per-token modules
+def stem_reference(stem, x):
+    """NCHW image -> NCHW stride-4 map: (conv -> BN -> GELU) twice, then
+    conv -> BN (the stem's own conv and BatchNorm layers)."""
+    for i in range(3):
+        x = stem.norms[i](stem.projs[i](x))
+        if i < 2:
+            x = F.gelu(x)
+    return x
+
+
+def level_input(level, x_nchw):
+    """NCHW map -> the level's (B, H, W, C) input: downsampled by the
+    level's conv and LayerNorm when it has them, else only permuted."""
+    if not hasattr(level, 'pool'):
+        return x_nchw.permute(0, 2, 3, 1)
+    return level.pool.norm(level.pool.conv(x_nchw).permute(0, 2, 3, 1))
+
+
 # ------------------------------------------------------------ mixing weights
-def gqpe_weights(pos: GQPE, ys: torch.Tensor, xs: torch.Tensor):
-    """(groups, n, n) softmax weights among tokens at (ys, xs)."""
+def gqpe_scores(pos: GQPE, ys: torch.Tensor, xs: torch.Tensor):
+    """(groups, n, n) float64 scores among the tokens at (ys, xs)."""
     dx = (xs[None, :] - xs[:, None]).double()
     dy = (ys[:, None] - ys[None, :]).double()
     d1 = pos.attention_centers[:, 0].double()[:, None, None]
@@ -30,12 +77,15 @@ def gqpe_weights(pos: GQPE, ys: torch.Tensor, xs: torch.Tensor):
         S = A @ A.transpose(1, 2) if pos.symmetric else A
         a, b = S[:, 0, 0, None, None], S[:, 0, 1, None, None]
         c, d = S[:, 1, 1, None, None], S[:, 1, 0, None, None]
-        score = ((a * d1 + b * d2) * dx + (c * d2 + d * d1) * dy
-                 - 0.5 * (a * dx ** 2 + c * dy ** 2 + (b + d) * dx * dy))
-    else:
-        a = pos.attention_spreads.double()[:, None, None] ** 2
-        score = a * d1 * dx + a * d2 * dy - 0.5 * (dx ** 2 + dy ** 2)
-    return score.softmax(dim=-1).float()
+        return ((a * d1 + b * d2) * dx + (c * d2 + d * d1) * dy
+                - 0.5 * (a * dx ** 2 + c * dy ** 2 + (b + d) * dx * dy))
+    sigma2 = pos.attention_spreads.double()[:, None, None] ** 2
+    return sigma2 * (d1 * dx + d2 * dy) - 0.5 * (dx ** 2 + dy ** 2)
+
+
+def gqpe_weights(pos: GQPE, ys: torch.Tensor, xs: torch.Tensor):
+    """(groups, n, n) softmax weights among tokens at (ys, xs)."""
+    return gqpe_scores(pos, ys, xs).softmax(dim=-1).float()
 
 
 def lrpe_weights(pos: LRPE, ys: torch.Tensor, xs: torch.Tensor):
@@ -76,6 +126,17 @@ def block_reference(block, tokens, ys, xs):
 
 
 # ----------------------------------------------------- per-window reference
+def absolute_position_embedding(model, size):
+    """(1, C, H, W): the stored (1, gh * gw, C) embedding reshaped as it is
+    stored, then resized bicubically to the map when the sizes differ."""
+    grid = model.ape_grid
+    embed = model.absolute_pos_embed.reshape(1, -1, grid[0], grid[1])
+    if tuple(size) == tuple(grid):
+        return embed
+    return F.interpolate(embed, size=tuple(size), mode='bicubic',
+                         align_corners=False)
+
+
 def window_cuts(length, window, origin):
     """[(start, stop, in-window offset)] of the windows along one axis."""
     cuts, pos = [], 0
@@ -89,8 +150,7 @@ def window_cuts(length, window, origin):
 
 
 def per_window_level(level, x_nchw):
-    x = level.pool(x_nchw) if hasattr(level, 'pool') \
-        else x_nchw.permute(0, 2, 3, 1)
+    x = level_input(level, x_nchw)
     B, H, W, _ = x.shape
     wh, ww = level.window
     for j, block in enumerate(level.encoder):
@@ -114,9 +174,9 @@ def per_window_level(level, x_nchw):
 
 def per_window_forward_levels(model, x):
     """Every level's output (B, H, W, C), window by window, real tokens only."""
-    x = model.patch_embed(x)
+    x = stem_reference(model.patch_embed, x)
     if model.absolute_pos_embed is not None:
-        x = x + model.position_embedding(x.shape[-2:])
+        x = x + absolute_position_embedding(model, x.shape[-2:])
     maps = []
     for level in model.levels:
         y = per_window_level(level, x)
@@ -128,10 +188,10 @@ def per_window_forward_levels(model, x):
 # -------------------------------------------------- published computation
 def published_forward_levels(model, x):
     """The published code path: partition, 5-D einsum, reverse."""
-    x = model.patch_embed(x)
+    x = stem_reference(model.patch_embed, x)
     maps = []
     for level in model.levels:
-        x = level.pool(x) if hasattr(level, 'pool') else x.permute(0, 2, 3, 1)
+        x = level_input(level, x)
         B, H, W, C = x.shape
         w = level.window[0]
         assert H % w == 0 and W % w == 0, 'published code needs tiling'
@@ -167,8 +227,7 @@ def padded_masked_level(level, x_nchw, fill: float = 1e3):
     GQPE: padded keys get -inf before the softmax; LRPE: zero weight. Padded
     tokens are computed like any other and cropped at the end.
     """
-    x = level.pool(x_nchw) if hasattr(level, 'pool') \
-        else x_nchw.permute(0, 2, 3, 1)
+    x = level_input(level, x_nchw)
     B, H, W, C = x.shape
     wh, ww = level.window
     Hp, Wp = -(-H // wh) * wh, -(-W // ww) * ww
@@ -189,14 +248,9 @@ def padded_masked_level(level, x_nchw, fill: float = 1e3):
                     hidden = F.gelu(block.proj_c_e(block.norm(tokens)))
                     u, v = hidden.chunk(2, dim=-1)
                     if isinstance(pos, GQPE):
-                        dx = (xs[None, :] - xs[:, None]).float()
-                        dy = (ys[:, None] - ys[None, :]).float()
-                        feats = torch.stack([dx, dy, dx * dx, dy * dy,
-                                             dx * dy], -1)
-                        coef = pos.score_coefficients()
-                        score = torch.einsum('mnf,sf->smn', feats, coef)
+                        score = gqpe_scores(pos, ys, xs)
                         score = score.masked_fill(~key_real, float('-inf'))
-                        weights = score.softmax(-1)
+                        weights = score.softmax(-1).float()
                     else:
                         weights = lrpe_weights(pos, ys, xs)
                         weights = weights * key_real.float()

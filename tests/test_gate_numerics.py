@@ -1,0 +1,98 @@
+"""Options off the published path, against the reference: the isotropic GQPE
+(``gqpe_generalized=False``) and the absolute position embedding
+(``ape=True``).
+
+The reference (tests/reference.py) computes their formulas itself: the
+isotropic score sigma^2 (d1 dx + d2 dy) - (dx^2 + dy^2) / 2 and the stored
+embedding reshaped and resized bicubically.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posmlp_dense import PosMLP
+
+from conftest import TINY_ARCH, randomize_
+from reference import gqpe_scores, per_window_forward_levels
+
+
+def level_maps(model, x):
+    """The model's raw level outputs as (B, H, W, C) maps."""
+    with torch.no_grad():
+        return [y.permute(0, 2, 3, 1) for y in model(x)]
+
+
+def _assert_equal_to_reference(model, size, tol=1e-5):
+    x = torch.randn(1, 3, *size)
+    ours = level_maps(model, x)
+    with torch.no_grad():
+        ref = per_window_forward_levels(model, x)
+    assert len(ours) == len(ref)
+    for level, (a, b) in enumerate(zip(ours, ref)):
+        assert a.shape == b.shape, level
+        err = (a - b).abs().max().item()
+        assert err <= tol, f'level {level} at {size}: max error {err:.3g}'
+    return ours
+
+
+# ---------------------------------------------------------- isotropic GQPE
+def _isotropic(**kwargs):
+    model = PosMLP(TINY_ARCH, gate='gqpe', gqpe_generalized=False,
+                   out_norm=False, **kwargs)
+    return randomize_(model).eval()
+
+
+@pytest.mark.parametrize('size', [(224, 224), (97, 161)],
+                         ids=['tiled', 'partial'])
+def test_isotropic_gqpe_equals_the_reference(size):
+    _assert_equal_to_reference(_isotropic(), size)
+
+
+def test_isotropic_gqpe_shifted_windows_equal_the_reference():
+    arch = dict(TINY_ARCH, depths=(2, 2, 2, 2), window_size=(7, 7, 7, 7))
+    model = randomize_(PosMLP(arch, gate='gqpe', gqpe_generalized=False,
+                              shift=True, out_norm=False)).eval()
+    _assert_equal_to_reference(model, (97, 161))
+
+
+def test_isotropic_scores_by_hand():
+    """The reference's isotropic score on a 2 x 2 window, written out for
+    one query: a wrong sign in it would make every comparison above moot."""
+    model = _isotropic()
+    pos = model.levels[0].encoder[0].gate_unit.pos
+    with torch.no_grad():
+        pos.attention_centers.copy_(torch.tensor([[0.5, -2.0]] * pos.groups))
+        pos.attention_spreads.fill_(1.5)
+    ys, xs = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 0, 1])
+    scores = gqpe_scores(pos, ys, xs)[0, 0]  # query (0, 0)
+    # keys (0,0), (0,1), (1,0), (1,1): (dx, dy) = (0,0), (1,0), (0,-1), (1,-1)
+    s2 = 2.25
+    want = torch.tensor([0.0, s2 * 0.5 - 0.5, s2 * 2.0 - 0.5,
+                         s2 * (0.5 + 2.0) - 1.0], dtype=torch.float64)
+    assert torch.allclose(scores.detach(), want)
+
+
+# ------------------------------------------- absolute position embedding
+def _with_ape(gate, grid):
+    model = PosMLP(TINY_ARCH, gate=gate, ape=True, ape_grid=grid,
+                   out_norm=False)
+    randomize_(model)
+    with torch.no_grad():  # large enough to matter next to the stem's map
+        model.absolute_pos_embed.normal_()
+    return model.eval()
+
+
+@pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
+@pytest.mark.parametrize('size', [(112, 96), (97, 161)],
+                         ids=['grid_size', 'resized'])
+def test_absolute_position_embedding_equals_the_reference(gate, size):
+    # a 112 x 96 image gives a 28 x 24 stem map: the embedding's own grid
+    model = _with_ape(gate, (28, 24))
+    ours = _assert_equal_to_reference(model, size)
+    with torch.no_grad():
+        model.absolute_pos_embed.zero_()
+    torch.manual_seed(0)
+    without = _assert_equal_to_reference(model, size)
+    # the embedding changed the result (the comparison was not vacuous)
+    assert not torch.allclose(ours[0], without[0], atol=1e-3)
