@@ -15,11 +15,11 @@ allowed (see ``safe_globals``).
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
 import pickle
 import re
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -27,6 +27,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from . import atomic_io
 from .gates.position_bias import DERIVED_BUFFERS
 
 logger = logging.getLogger('posmlp_dense')
@@ -384,20 +385,14 @@ def save_checkpoint(state: Mapping[str, torch.Tensor], path: str,
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f'{path} exists; refusing to overwrite it')
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix='.partial')
-    os.close(fd)
-    try:
-        if path.endswith('.safetensors'):
-            from safetensors.torch import save_file
-            save_file(tensors, tmp, metadata=dict(meta or {}))
-        else:
-            torch.save({'state_dict': tensors, 'meta': dict(meta or {})}, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    if path.endswith('.safetensors'):
+        from safetensors.torch import save
+        data = save(tensors, metadata=dict(meta or {}))
+    else:
+        buffer = io.BytesIO()
+        torch.save({'state_dict': tensors, 'meta': dict(meta or {})}, buffer)
+        data = buffer.getvalue()
+    atomic_io.atomic_write_bytes(data, path)
 
 
 def infer_config(state: Mapping[str, torch.Tensor]) -> dict:
