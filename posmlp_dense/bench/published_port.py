@@ -2,6 +2,7 @@
 speed baseline for the token mixing."""
 from __future__ import annotations
 
+import functools
 from typing import Tuple
 
 import torch
@@ -35,15 +36,22 @@ class PublishedPort(nn.Module):
 
     @staticmethod
     def posmap(pos) -> torch.Tensor:
-        """(1, m, n, s) mixing weights of a whole window."""
-        if hasattr(pos, 'score_coefficients'):  # GQPE
-            scores = torch.einsum('mnf,sf->mns', pos.rel_indices,
-                                  pos.score_coefficients())
+        """(1, m, n, s) mixing weights of a whole window, from the published
+        formulas and the encoding's parameters alone (none of the model's
+        offsets, indices or score code, so that an error there shows up as a
+        difference from the port)."""
+        window = tuple(pos.window)
+        if hasattr(pos, 'attention_centers'):  # GQPE
+            feats = published_gqpe_offsets(window, pos.generalized,
+                                           pos.attention_centers.device)
+            coefficients = published_gqpe_coefficients(pos)
+            scores = torch.einsum('mnf,sf->mns',
+                                  feats.to(coefficients.dtype), coefficients)
             return scores.unsqueeze(0).softmax(dim=-2)
         if hasattr(pos, 'window_relative_position_bias_table'):  # LRPE
-            index = pos.window_relative_position_index
-            n = index.shape[0]
             table = pos.window_relative_position_bias_table
+            index = published_lrpe_index(window, table.device)
+            n = index.shape[0]
             return table[index.reshape(-1)].view(1, n, n, -1)
         raise TypeError(f'no published computation for {type(pos).__name__}')
 
@@ -116,6 +124,61 @@ class PublishedPort(nn.Module):
             outs.append(y.permute(0, 3, 1, 2).contiguous())
         return tuple(outs)
 
+
+# ---------------------------------------- the published positional formulas
+def _window_grid(window, device):
+    """Row and column of every token m = y * ww + x of a window."""
+    wh, ww = window
+    m = torch.arange(wh * ww, device=device)
+    return m // ww, m % ww
+
+
+@functools.lru_cache(maxsize=64)
+def published_gqpe_offsets(window, generalized: bool, device
+                           ) -> torch.Tensor:
+    """(N, N, features) offset features of query m and key n, as published:
+    dx = xn - xm, dy = ym - yn; (dx, dy, dx^2, dy^2, dx dy), or
+    (dx, dy, dx^2 + dy^2) for the isotropic GQPE. A buffer in the published
+    model: computed once per window."""
+    ys, xs = _window_grid(window, device)
+    dx = (xs[None, :] - xs[:, None]).float()
+    dy = (ys[:, None] - ys[None, :]).float()
+    if generalized:
+        return torch.stack([dx, dy, dx * dx, dy * dy, dx * dy], dim=-1)
+    return torch.stack([dx, dy, dx * dx + dy * dy], dim=-1)
+
+
+def published_gqpe_coefficients(pos) -> torch.Tensor:
+    """(groups, features): score = features . coefficients, recomputed from
+    the centres (d1, d2) and spreads every forward. Generalized: S = A A^T
+    (A itself when not symmetric), a, b, c, d = S00, S01, S11, S10, and
+
+        score = (a d1 + b d2) dx + (c d2 + d d1) dy
+                - (a dx^2 + c dy^2 + (b + d) dx dy) / 2
+
+    isotropic (a scalar spread sigma per group):
+    score = sigma^2 (d1 dx + d2 dy) - (dx^2 + dy^2) / 2."""
+    centres = pos.attention_centers
+    d1, d2 = centres[:, 0], centres[:, 1]
+    spreads = pos.attention_spreads
+    if not pos.generalized:
+        sigma2 = spreads * spreads
+        return torch.stack([sigma2 * d1, sigma2 * d2,
+                            torch.full_like(d1, -0.5)], dim=-1)
+    S = spreads @ spreads.transpose(1, 2) if pos.symmetric else spreads
+    a, b, c, d = S[:, 0, 0], S[:, 0, 1], S[:, 1, 1], S[:, 1, 0]
+    return torch.stack([a * d1 + b * d2, c * d2 + d * d1, -0.5 * a,
+                        -0.5 * c, -0.5 * (b + d)], dim=-1)
+
+
+@functools.lru_cache(maxsize=64)
+def published_lrpe_index(window, device) -> torch.Tensor:
+    """(N, N) row of query m and key n in the relative table, as published:
+    (ym - yn + wh - 1) * (2 ww - 1) + (xm - xn + ww - 1)."""
+    wh, ww = window
+    ys, xs = _window_grid(window, device)
+    return ((ys[:, None] - ys[None, :] + wh - 1) * (2 * ww - 1)
+            + (xs[:, None] - xs[None, :] + ww - 1))
 
 
 def port_check(model: nn.Module, port: PublishedPort, x: torch.Tensor
