@@ -18,11 +18,15 @@ import torch
 from torch import nn
 
 from posmlp_dense import PosMLP
-from posmlp_dense.export import (export_onnx, export_verified,
-                                 unverified_path, verify_onnx)
+from posmlp_dense.export import (DynamicShapeError, export_onnx,
+                                 export_verified, unverified_path,
+                                 verify_onnx)
 from posmlp_dense.export.coverage import describe_coverage
 
 from conftest import TINY_ARCH, randomize_
+
+# one block per level keeps the exported graphs small (export is slow)
+ONE_BLOCK_ARCH = dict(TINY_ARCH, depths=(1, 1, 1, 1))
 
 onnxruntime = pytest.importorskip(
     'onnxruntime', reason='the export extra is not installed: '
@@ -88,15 +92,17 @@ class TwoOutputs(nn.Module):
 def test_verified_file_is_renamed_into_place(tmp_path):
     model = TwoOutputs().eval()
     out = tmp_path / 'two.onnx'
-    result = export_verified(model, (1, 3, 32, 48), str(out),
+    result = export_verified(model, (2, 3, 32, 48), str(out),
                              verify_sizes=[(45, 31), (7, 9)])
     assert result.passed and result.path == str(out) and out.is_file()
     assert _leftovers(tmp_path) == []
     checks = result.report.checks
-    assert [c.shape for c in checks] == [(1, 3, 32, 48), (2, 3, 45, 31),
-                                         (2, 3, 7, 9)]
+    # the other sizes run at batch 1: the batch axis is checked too
+    assert [c.shape for c in checks] == [(2, 3, 32, 48), (1, 3, 45, 31),
+                                         (1, 3, 7, 9)]
     assert [len(c.outputs) for c in checks] == [2, 2, 2]
     assert result.report.input_shape == ['batch', 3, 'height', 'width']
+    assert set(result.graph.input_ranges) == {'batch', 'height', 'width'}
     # the file really is dynamic: it runs at a size nobody verified
     x = torch.randn(3, 3, 21, 66)
     got = _onnx_outputs(out, x)
@@ -108,7 +114,7 @@ def test_verified_file_is_renamed_into_place(tmp_path):
 
 def test_file_that_differs_from_eager_is_refused_and_not_kept(tmp_path):
     out = tmp_path / 'drift.onnx'
-    result = export_verified(DriftsWhenExported(), (1, 3, 32, 48), str(out))
+    result = export_verified(DriftsWhenExported(), (2, 3, 32, 48), str(out))
     assert not result.passed
     assert result.path is None and result.unverified_path is None
     assert not out.exists() and _leftovers(tmp_path) == []
@@ -120,17 +126,17 @@ def test_file_that_differs_from_eager_is_refused_and_not_kept(tmp_path):
 def test_refused_file_leaves_an_existing_file_alone(tmp_path):
     out = tmp_path / 'drift.onnx'
     out.write_bytes(b'the previous, verified file')
-    result = export_verified(DriftsWhenExported(), (1, 3, 32, 48), str(out),
+    result = export_verified(DriftsWhenExported(), (2, 3, 32, 48), str(out),
                              overwrite=True)
     assert not result.passed
     assert out.read_bytes() == b'the previous, verified file'
     with pytest.raises(FileExistsError, match='overwrite'):
-        export_verified(TwoOutputs(), (1, 3, 32, 48), str(out))
+        export_verified(TwoOutputs(), (2, 3, 32, 48), str(out))
 
 
 def test_keep_unverified_keeps_it_under_a_marked_name(tmp_path):
     out = tmp_path / 'drift.onnx'
-    result = export_verified(DriftsWhenExported(), (1, 3, 32, 48), str(out),
+    result = export_verified(DriftsWhenExported(), (2, 3, 32, 48), str(out),
                              keep_unverified=True)
     assert not result.passed and not out.exists()
     assert result.unverified_path == unverified_path(str(out)) == str(
@@ -154,10 +160,45 @@ def test_file_fixed_to_one_size_fails_verification(tmp_path):
     assert any('fixed H and W' in p for p in report.problems)
 
 
-def test_export_onnx_rejects_a_non_image_example(tmp_path):
+def test_size_outside_the_graphs_range_is_caught_and_explained(tmp_path):
+    """A branch on the size is baked into the graph; torch.export records
+    the range it holds for, ONNX Runtime runs it anywhere."""
+    class BranchesOnHeight(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.shape[2] > 40 else x - 1
+
+    result = export_verified(BranchesOnHeight(), (2, 3, 32, 48),
+                             str(tmp_path / 'x.onnx'),
+                             verify_sizes=[(24, 30), (45, 31)])
+    assert not result.passed
+    assert result.graph.input_ranges['height'][1] == 40
+    assert [check.passed for check in result.report.checks] == [
+        True, True, False]
+    assert result.report.notes == [
+        '1x3x45x31 is outside the sizes torch.export found this graph valid '
+        f'for ({result.graph.describe_ranges()}): height 45']
+
+
+def test_export_onnx_rejects_examples_it_cannot_export_from(tmp_path):
     with pytest.raises(ValueError, match='4-D'):
         export_onnx(TwoOutputs(), torch.randn(3, 32, 48),
                     str(tmp_path / 'x.onnx'))
+    with pytest.raises(ValueError, match='at least 2'):
+        export_onnx(TwoOutputs(), torch.randn(1, 3, 32, 48),
+                    str(tmp_path / 'x.onnx'))
+    assert os.listdir(tmp_path) == []
+
+
+def test_specialized_axis_is_an_export_error_not_a_smaller_graph(tmp_path):
+    """torch.onnx.export on its own would quietly fix the width."""
+    class FixesWidth(nn.Module):
+        def forward(self, x):
+            return x.reshape(x.shape[0], x.shape[1], x.shape[2], 48)
+
+    with pytest.raises(DynamicShapeError, match='marked width as dynamic'):
+        export_verified(FixesWidth(), (2, 3, 32, 48),
+                        str(tmp_path / 'x.onnx'))
+    assert os.listdir(tmp_path) == []
 
 
 # ------------------------------------------------------------- the backbone
@@ -165,12 +206,12 @@ def test_export_onnx_rejects_a_non_image_example(tmp_path):
 def backbone_export(tmp_path_factory):
     """The tool, run once on a tiny PosMLP with random saved weights."""
     folder = tmp_path_factory.mktemp('backbone')
-    model = randomize_(PosMLP(TINY_ARCH, gate='gqpe'), seed=1).eval()
+    model = randomize_(PosMLP(ONE_BLOCK_ARCH, gate='gqpe'), seed=1).eval()
     checkpoint = folder / 'tiny.pth'
     torch.save(model.state_dict(), checkpoint)
     out = folder / 'tiny.onnx'
     status, stdout, stderr = _run_tool([
-        '--arch', json.dumps(TINY_ARCH), '--gate', 'gqpe', '--checkpoint',
+        '--arch', json.dumps(ONE_BLOCK_ARCH), '--gate', 'gqpe', '--checkpoint',
         str(checkpoint), '--shape', '128', '160', '--out', str(out)])
     return SimpleNamespace(status=status, stdout=stdout, stderr=stderr,
                            out=out, model=model, folder=folder)
@@ -186,8 +227,8 @@ def test_tool_exports_and_verifies_the_backbone(backbone_export):
             if line.startswith('| ') and 'level' in line]
     assert len(rows) == 3 * 4 and all(row.endswith('| yes |') for row in rows)
     # the default sizes cover partial windows and maps under one window
-    assert '2x3x300x460 | L0-L3 edge' in run.stdout
-    assert 'L2-L3 single' in run.stdout
+    assert '1x3x300x460 | L0-L3 edge |' in run.stdout
+    assert '1x3x150x190 | L0,L1 edge, L2,L3 single |' in run.stdout
 
 
 def test_backbone_file_matches_eager_at_an_unverified_size(backbone_export):
@@ -202,7 +243,7 @@ def test_backbone_file_matches_eager_at_an_unverified_size(backbone_export):
 
 
 def test_backbone_file_is_refused_for_other_weights(backbone_export):
-    other = randomize_(PosMLP(TINY_ARCH, gate='gqpe'), seed=2).eval()
+    other = randomize_(PosMLP(ONE_BLOCK_ARCH, gate='gqpe'), seed=2).eval()
     report = verify_onnx(str(backbone_export.out), other,
                          [(1, 3, 128, 160), (1, 3, 150, 190)])
     assert not report.passed

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Export a PosMLP backbone or a PosMLP mmseg segmentor to ONNX, verified.
+r"""Export a PosMLP backbone or a PosMLP mmseg segmentor to ONNX, verified.
 
     python tools/export.py --arch t --out posmlp_t.onnx
     python tools/export.py --arch s --gate gqpe --checkpoint posmlp_s.pth \
@@ -69,8 +69,10 @@ def parse_args(argv=None):
     parser.add_argument('--out', required=True, help='the .onnx file')
     parser.add_argument('--shape', type=int, nargs=2, default=(512, 512),
                         metavar=('H', 'W'), help='export size (512 512)')
-    parser.add_argument('--batch', type=int, default=1,
-                        help='batch size of the export example (1)')
+    parser.add_argument('--batch', type=int, default=None,
+                        help='batch size of the export example (default 2, '
+                        'or 1 with --static-batch; a dynamic batch cannot '
+                        'be exported from an example of 1)')
     parser.add_argument('--static-batch', action='store_true',
                         help='fix the batch size (default: dynamic)')
     parser.add_argument('--verify-sizes', type=parse_size, nargs='+',
@@ -90,8 +92,13 @@ def parse_args(argv=None):
     parser.add_argument('--overwrite', action='store_true',
                         help='replace an existing --out file')
     args = parser.parse_args(argv)
+    if args.batch is None:
+        args.batch = 1 if args.static_batch else 2
     if args.batch <= 0 or min(args.shape) <= 0:
         parser.error('--batch and --shape must be positive')
+    if args.batch == 1 and not args.static_batch:
+        parser.error('--batch 1 needs --static-batch: torch.export fixes '
+                     'every axis whose example size is 1')
     if args.config is not None and args.gate != 'gqpe':
         parser.error('--gate is for --arch; a config names its own gate')
     return args
@@ -154,10 +161,13 @@ def main(argv=None):
         print(f'export failed: {type(err).__name__}: {err}', file=sys.stderr)
         return 1
     report = result.report
-    print(f'export {result.export_seconds:.1f} s (opset {result.opset}), '
-          f'verification {result.verify_seconds:.1f} s; the file\'s input: '
-          f'{report.input_shape}')
+    print(f'export {result.export_seconds:.1f} s (opset '
+          f'{result.graph.opset}), verification {result.verify_seconds:.1f} '
+          f's; the file\'s input: {report.input_shape}, valid for '
+          f'{result.graph.describe_ranges()}')
     print(report.table())
+    for note in report.notes:
+        print(f'note: {note}')
     print(report.verdict())
     if result.passed:
         size = osp.getsize(result.path) / 2 ** 20

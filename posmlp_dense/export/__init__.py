@@ -12,12 +12,13 @@ onnxruntime, onnxscript); nothing else in the package imports this.
 forward (logits) of an mmseg segmentor (``SegmentorLogits``).
 """
 from .dependencies import ExportDependencyError, require_export_dependencies
-from .onnx import (DEFAULT_VERIFY_SIZES, ExportResult, export_onnx,
-                   export_verified, unverified_path)
+from .onnx import (DEFAULT_VERIFY_SIZES, DynamicShapeError, ExportResult,
+                   OnnxGraph, export_onnx, export_verified, unverified_path)
 from .segmentor import SegmentorLogits, build_segmentor
 from .verification import SizeCheck, VerificationReport, verify_onnx
 
-__all__ = ['DEFAULT_VERIFY_SIZES', 'ExportDependencyError', 'ExportResult',
+__all__ = ['DEFAULT_VERIFY_SIZES', 'DynamicShapeError',
+           'ExportDependencyError', 'ExportResult', 'OnnxGraph',
            'SegmentorLogits', 'SizeCheck', 'VerificationReport',
            'build_segmentor', 'export_onnx', 'export_verified',
            'require_export_dependencies', 'unverified_path', 'verify_onnx']

@@ -2,8 +2,10 @@
 
 Only ``torch.onnx.export(..., dynamo=True)`` is used: it traces the model
 with ``torch.export``, so the graph keeps the input's height and width (and
-batch) symbolic. The legacy TorchScript exporter (``dynamo=False``) records
-one concrete size and is not a route for this model.
+batch) symbolic, and raises where the model would fix one of them. The
+legacy TorchScript exporter (``dynamo=False``) and ``torch.jit.trace``
+record the Python-side decisions taken at the traced size, so they are not
+a route for a model whose windows depend on the size.
 
 ``export_verified`` is the safe way to write a file: the graph goes to a
 temporary file next to the target, is checked in ONNX Runtime at several
@@ -14,14 +16,15 @@ from __future__ import annotations
 
 import os
 import os.path as osp
+import re
 import time
-import uuid
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
+from ..atomic_io import atomic_write_bytes, fsync_folder, partial_name
 from .dependencies import require_export_dependencies
 from .verification import Shape, VerificationReport, verify_onnx
 
@@ -33,11 +36,41 @@ from .verification import Shape, VerificationReport, verify_onnx
 DEFAULT_VERIFY_SIZES: Tuple[Tuple[int, int], ...] = ((300, 460), (150, 190))
 
 
+# The file's input axes that torch.export keeps symbolic, by name.
+AXES = {0: 'batch', 2: 'height', 3: 'width'}
+
+
+@dataclass
+class OnnxGraph:
+    """What export_onnx wrote."""
+    opset: int
+    # each dynamic input axis: the sizes torch.export found the graph valid
+    # for, (lowest, highest or None)
+    input_ranges: Dict[str, Tuple[int, Optional[int]]]
+
+    def describe_ranges(self) -> str:
+        return ', '.join(f'{name} {low}..{"" if high is None else high}'
+                         for name, (low, high) in self.input_ranges.items())
+
+    def outside(self, shape: Shape) -> List[str]:
+        """The axes of ``shape`` outside the graph's valid ranges.
+
+        A size of 1 is not counted: torch.export excludes 0 and 1 from
+        every dynamic axis by convention (its "0/1 specialization"), not
+        because the graph cannot take them; verification runs batch 1.
+        """
+        sizes = dict(zip(('batch', None, 'height', 'width'), shape))
+        return [f'{name} {sizes[name]}'
+                for name, (low, high) in self.input_ranges.items()
+                if (sizes[name] < low and (sizes[name], low) != (1, 2))
+                or (high is not None and sizes[name] > high)]
+
+
 @dataclass
 class ExportResult:
     path: Optional[str]  # the verified file; None when it was refused
     unverified_path: Optional[str]  # set only with keep_unverified
-    opset: int
+    graph: OnnxGraph
     export_seconds: float
     verify_seconds: float
     report: VerificationReport
@@ -45,6 +78,10 @@ class ExportResult:
     @property
     def passed(self) -> bool:
         return self.report.passed
+
+
+class DynamicShapeError(RuntimeError):
+    """The model's forward turns a dynamic input axis into a constant."""
 
 
 def unverified_path(path: str) -> str:
@@ -57,27 +94,85 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str, *,
                 input_name: str = 'input',
                 output_names: Optional[Sequence[str]] = None,
                 opset: Optional[int] = None,
-                dynamic_batch: bool = True) -> int:
+                dynamic_batch: bool = True) -> OnnxGraph:
     """Write ``model`` (eval mode) as ONNX with dynamic H and W (and batch).
 
-    Returns the opset of the written file. Weights are stored inside the
-    file (no external data), so it can be renamed and moved freely; this
-    limits a model to ONNX's 2 GB, several times PosMLP-B's size.
+    The input's axes are named batch, height and width in the file (output
+    axes are expressions of them). Weights are stored inside the file (no
+    external data), so it can be renamed and moved freely; this limits a
+    model to ONNX's 2 GB, several times PosMLP-B's size.
     """
     require_export_dependencies()
     if example.dim() != 4:
         raise ValueError(f'the example input must be a 4-D (B, C, H, W) '
                          f'batch, got shape {tuple(example.shape)}')
-    dims = {2: torch.export.Dim('height'), 3: torch.export.Dim('width')}
-    if dynamic_batch:
-        dims[0] = torch.export.Dim('batch')
+    if dynamic_batch and example.shape[0] < 2:
+        raise ValueError('with a dynamic batch the example batch must be at '
+                         'least 2: torch.export fixes every axis whose '
+                         'example size is 1')
+    dynamic = torch.export.Dim.DYNAMIC  # its valid range is inferred
+    dims = {axis: dynamic for axis in AXES if dynamic_batch or axis}
+    # Captured here rather than by torch.onnx.export, which on a constraint
+    # violation quietly applies torch's suggested fixes (e.g. batch = 1) and
+    # writes a graph for fewer sizes than asked for; this raises instead.
+    try:
+        exported = torch.export.export(model.eval(), (example,),
+                                       dynamic_shapes=(dims,), strict=False)
+    except RuntimeError as err:
+        if 'Constraints violated' not in str(err):
+            raise
+        raise DynamicShapeError(
+            'the model fixes an input axis that must stay dynamic, so no '
+            'graph for all sizes can be exported; torch.export says:\n'
+            + _name_axes(str(err))) from err
+    symbols, ranges = _input_symbols(exported, dims)
     program = torch.onnx.export(
-        model.eval(), (example,), dynamo=True, dynamic_shapes=(dims,),
-        input_names=[input_name],
+        exported, (example,), dynamo=True, input_names=[input_name],
         output_names=list(output_names) if output_names else None,
         opset_version=opset, verbose=False)
-    program.save(path, external_data=False)
-    return int(program.model.opset_imports[''])
+    proto = program.model_proto
+    _rename_dims(proto, symbols)
+    atomic_write_bytes(proto.SerializeToString(), path)
+    opset_used = next(entry.version for entry in proto.opset_import
+                      if entry.domain in ('', 'ai.onnx'))
+    return OnnxGraph(int(opset_used), ranges)
+
+
+def _name_axes(message: str) -> str:
+    """torch.export's L['x'].size()[3] -> width."""
+    return re.sub(r"L\['\w+'\]\.size\(\)\[(\d)\]",
+                  lambda m: AXES.get(int(m.group(1)), m.group(0)), message)
+
+
+def _input_symbols(exported, dims) -> Tuple[Dict[str, str], Dict]:
+    """{symbol: axis name} of the image input, and each axis' valid sizes."""
+    name = exported.graph_signature.user_inputs[0]
+    node = next(n for n in exported.graph.nodes if n.name == name)
+    symbols, ranges = {}, {}
+    for axis in sorted(dims):
+        size = node.meta['val'].shape[axis]
+        if not isinstance(size, torch.SymInt):
+            continue  # cannot happen: torch.export raises on specialization
+        symbol = size.node.expr
+        symbols[str(symbol)] = AXES[axis]
+        bounds = exported.range_constraints.get(symbol)
+        if bounds is not None:
+            upper = bounds.upper  # torch's int_oo when unbounded
+            ranges[AXES[axis]] = (int(bounds.lower), int(upper)
+                                  if upper.is_Integer else None)
+    return symbols, ranges
+
+
+def _rename_dims(proto, symbols: Dict[str, str]):
+    """Replace torch's symbol names (s77, ...) by batch/height/width in
+    every symbolic dimension of the graph's inputs, outputs and values."""
+    pattern = re.compile(r'\b(' + '|'.join(map(re.escape, symbols)) + r')\b')
+    graph = proto.graph
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.dim_param = pattern.sub(
+                    lambda match: symbols[match.group(0)], dim.dim_param)
 
 
 def export_verified(model: nn.Module, shape: Shape, out: str, *,
@@ -92,8 +187,9 @@ def export_verified(model: nn.Module, shape: Shape, out: str, *,
     """Export at ``shape``, verify, and only then put the file at ``out``.
 
     The file is checked at ``shape`` and at every (H, W) in
-    ``verify_sizes``; with a dynamic batch those run at batch B + 1, so the
-    batch axis is checked as well. A file that fails is deleted, or with
+    ``verify_sizes``. With a dynamic batch the export batch must be at
+    least 2 and the other sizes run at batch 1, so the batch axis is
+    checked as well. A file that fails is deleted, or with
     ``keep_unverified`` renamed to ``unverified_path(out)``; an existing
     ``out`` is then left as it was.
     """
@@ -108,28 +204,34 @@ def export_verified(model: nn.Module, shape: Shape, out: str, *,
                               f'(--overwrite) to replace it')
     folder = osp.dirname(out)
     os.makedirs(folder, exist_ok=True)
-    other_batch = shape[0] + 1 if dynamic_batch else shape[0]
+    other_batch = 1 if dynamic_batch else shape[0]
     shapes = [shape] + [(other_batch, shape[1], int(h), int(w))
                         for h, w in verify_sizes
                         if (int(h), int(w)) != shape[2:]]
 
-    # a hidden name next to the target (same file system: the rename is
-    # atomic), created by the exporter with the usual permissions
-    partial = osp.join(folder, f'.{osp.basename(out)}.{uuid.uuid4().hex[:8]}'
-                       f'.partial.onnx')
+    # verified where it is written, a hidden name next to the target; only
+    # then renamed (same file system: atomic)
+    partial = partial_name(out)
     try:
         example = torch.randn(shape,
                               generator=torch.Generator().manual_seed(seed))
         start = time.perf_counter()
-        used_opset = export_onnx(model, example, partial,
-                                 input_name=input_name,
-                                 output_names=output_names, opset=opset,
-                                 dynamic_batch=dynamic_batch)
+        graph = export_onnx(model, example, partial, input_name=input_name,
+                            output_names=output_names, opset=opset,
+                            dynamic_batch=dynamic_batch)
         export_seconds = time.perf_counter() - start
         start = time.perf_counter()
         report = verify_onnx(partial, model, shapes, export_shape=shape,
-                             atol=atol, rtol=rtol, seed=seed)
+                             dynamic_batch=dynamic_batch, atol=atol,
+                             rtol=rtol, seed=seed)
         verify_seconds = time.perf_counter() - start
+        for check in report.checks:
+            outside = graph.outside(check.shape)
+            if outside:  # ONNX Runtime does not check torch.export's ranges
+                report.notes.append(
+                    f'{"x".join(map(str, check.shape))} is outside the sizes '
+                    f'torch.export found this graph valid for '
+                    f'({graph.describe_ranges()}): {", ".join(outside)}')
         kept = kept_unverified = None
         if report.passed:
             os.replace(partial, out)
@@ -137,9 +239,11 @@ def export_verified(model: nn.Module, shape: Shape, out: str, *,
         elif keep_unverified:
             kept_unverified = unverified_path(out)
             os.replace(partial, kept_unverified)
+        if kept or kept_unverified:
+            fsync_folder(folder)  # the rename survives a power loss
         report.path = kept or kept_unverified or ''
     finally:
         if osp.exists(partial):
             os.remove(partial)
-    return ExportResult(kept, kept_unverified, used_opset, export_seconds,
+    return ExportResult(kept, kept_unverified, graph, export_seconds,
                         verify_seconds, report)

@@ -57,6 +57,7 @@ class VerificationReport:
     rtol: float
     checks: List[SizeCheck]
     problems: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)  # help read the table
 
     @property
     def passed(self) -> bool:
@@ -138,12 +139,15 @@ def compare_output(name: str, onnx_value, eager: torch.Tensor, atol: float,
 
 
 def verify_onnx(path: str, model: nn.Module, shapes: Sequence[Shape], *,
-                export_shape: Optional[Shape] = None, atol: float = 1e-4,
+                export_shape: Optional[Shape] = None,
+                dynamic_batch: bool = False, atol: float = 1e-4,
                 rtol: float = 1e-4, seed: int = 0) -> VerificationReport:
     """Run ``path`` in ONNX Runtime at ``shapes`` and compare with ``model``.
 
     The model runs in eval mode under ``torch.no_grad()``; the inputs are
-    seeded standard-normal images (a normalized image's range).
+    seeded standard-normal images (a normalized image's range). The file's
+    height and width (and with ``dynamic_batch`` its batch) must be
+    dynamic: an exporter that fixed them fails the check by itself.
     """
     require_export_dependencies()
     import onnxruntime
@@ -160,12 +164,14 @@ def verify_onnx(path: str, model: nn.Module, shapes: Sequence[Shape], *,
                                f'one image batch (a graph that ignores its '
                                f'input is never right)')
         return report
+    dynamic = 'BHW' if dynamic_batch else 'HW'
     fixed = [axis for axis, dim in zip('BCHW', inputs[0].shape)
-             if axis in 'HW' and isinstance(dim, int)]
+             if axis in dynamic and isinstance(dim, int)]
     if fixed:
         report.problems.append(
             f'the file\'s input {inputs[0].shape} has a fixed '
-            f'{" and ".join(fixed)}: it only runs at one size')
+            f'{" and ".join(fixed)} (the exporter specialized '
+            f'{"it" if len(fixed) == 1 else "them"})')
     names = [out.name for out in outputs]
 
     model = model.eval()
@@ -197,7 +203,7 @@ def verify_onnx(path: str, model: nn.Module, shapes: Sequence[Shape], *,
             got = session.run(None, {inputs[0].name: x.numpy()})
             check.onnx_ms = 1000 * (time.perf_counter() - start)
         except Exception as err:  # ORT's errors have no common base class
-            check.error = f'ONNX Runtime failed: {_first_line(err)}'
+            check.error = f'ONNX Runtime failed: {_one_line(err)}'
             continue
         if len(got) != len(eager):
             check.error = (f'the file has {len(got)} outputs, the model '
@@ -208,7 +214,6 @@ def verify_onnx(path: str, model: nn.Module, shapes: Sequence[Shape], *,
     return report
 
 
-def _first_line(err: Exception) -> str:
-    text = str(err).strip().splitlines()
-    line = text[0] if text else type(err).__name__
-    return line.replace('|', '/')[:300]  # it goes into a Markdown table
+def _one_line(err: Exception) -> str:
+    text = ' '.join(str(err).split()) or type(err).__name__
+    return text.replace('|', '/')[:400]  # it goes into a Markdown table
