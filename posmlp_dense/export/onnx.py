@@ -26,7 +26,8 @@ from torch import nn
 
 from ..atomic_io import atomic_write_bytes, fsync_folder, partial_name
 from .dependencies import require_export_dependencies
-from .verification import Shape, VerificationReport, verify_onnx
+from .verification import (Shape, VerificationReport, model_device,
+                           verify_onnx)
 
 # Besides the export size, files are checked at a size whose level maps no
 # PosMLP window tiles (level maps 75x115, 38x58, 19x29, 10x15 for windows
@@ -213,8 +214,9 @@ def export_verified(model: nn.Module, shape: Shape, out: str, *,
     # then renamed (same file system: atomic)
     partial = partial_name(out)
     try:
-        example = torch.randn(shape,
-                              generator=torch.Generator().manual_seed(seed))
+        example = torch.randn(
+            shape, generator=torch.Generator().manual_seed(seed)).to(
+                model_device(model))
         start = time.perf_counter()
         graph = export_onnx(model, example, partial, input_name=input_name,
                             output_names=output_names, opset=opset,

@@ -104,6 +104,12 @@ class VerificationReport:
         return f'NOT verified ({tolerance}): ' + '; '.join(reasons)
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """Where the model's weights are (CPU for a model without any)."""
+    param = next(iter(model.parameters()), None)
+    return param.device if param is not None else torch.device('cpu')
+
+
 def _as_list(outputs) -> List[torch.Tensor]:
     if isinstance(outputs, torch.Tensor):
         return [outputs]
@@ -175,6 +181,7 @@ def verify_onnx(path: str, model: nn.Module, shapes: Sequence[Shape], *,
     names = [out.name for out in outputs]
 
     model = model.eval()
+    device = model_device(model)
     backbone = find_posmlp(model)
     generator = torch.Generator().manual_seed(seed)
     for shape in shapes:
@@ -191,7 +198,7 @@ def verify_onnx(path: str, model: nn.Module, shapes: Sequence[Shape], *,
         try:
             start = time.perf_counter()
             with torch.no_grad():
-                eager = _as_list(model(x))
+                eager = [t.cpu() for t in _as_list(model(x.to(device)))]
             check.eager_ms = 1000 * (time.perf_counter() - start)
         finally:
             if hook is not None:
