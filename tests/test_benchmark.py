@@ -10,8 +10,13 @@ import pytest
 import torch
 
 from posmlp_dense import PosMLP
-from posmlp_dense.bench.measure import PeakMemory, fit_exponent
+from posmlp_dense.bench.measure import (PeakMemory, SavedActivations,
+                                       fit_exponent)
 from posmlp_dense.bench.published_port import PublishedPort
+from posmlp_dense.bench.training import (TrainingCase, build_detector,
+                                         footprint,
+                                         footprint_in_fresh_process,
+                                         training_job)
 
 from conftest import randomize_
 
@@ -91,10 +96,11 @@ def test_benchmark_main_tiny(bench, tmp_path, one_thread):
         '--batches', '1', '--modes', 'fwd,fwdbwd', '--repeats', '1',
         '--warmup', '1', '--scaling-sizes', '64,96',
         '--scaling-models', 'posmlp_t', '--scaling-repeats', '1',
-        '--check-size', str(SIZE), '--calib-size', '256',
+        '--check-size', str(SIZE), '--calib-size', '256', '--no-training',
         '--out', str(out)])
     data = json.loads(out.read_text())
     assert (tmp_path / 'bench' / 'b.md').read_text().startswith('###')
+    assert data['training'] == [] and data['targets']['training'] == []
     assert (tmp_path / 'bench' / 'b.png').stat().st_size > 0
 
     env = data['environment']
@@ -181,3 +187,122 @@ def test_peak_memory_sees_an_allocation():
     if mem.peak is None:
         pytest.skip('no /proc on this system')
     assert mem.peak >= 48 * 2 ** 20, (mem.method, mem.peak)
+
+
+# ------------------------------------------------------------ training part
+TRAIN_SHAPE = (1, 64, 64)
+DETECTOR_SHAPE = (1, 64, 96)
+
+
+def test_benchmark_training_rows_tiny(bench, tmp_path, one_thread):
+    """--training-only: backbone steps with and without with_cp and the two
+    RetinaNets, measured in this process (the fresh-process measurement
+    has its own test)."""
+    out = tmp_path / 'train.json'
+    report = bench.main([
+        '--device', 'cpu', '--training-only', '--posmlp-arch',
+        json.dumps(ARCH), '--train-models', 'posmlp_t,swin_t',
+        '--train-shapes', 'x'.join(map(str, TRAIN_SHAPE)),
+        '--train-cp', 'off,on', '--detectors', 'posmlp_t,swin_t',
+        '--detector-shape', 'x'.join(map(str, DETECTOR_SHAPE)),
+        '--train-repeats', '1', '--train-warmup', '0',
+        '--train-memory', 'inprocess', '--calib-size', '256',
+        '--out', str(out)])
+    data = json.loads(out.read_text())
+    assert data['results'] == [] and data['scaling'] == {}
+    assert 'port_check' not in data
+    # nothing to draw without inference rows
+    assert 'chart' not in report['files']
+    rows = {(r['kind'], r['model'], r['with_cp']): r
+            for r in data['training']}
+    assert set(rows) == {
+        ('backbone', 'posmlp_t', False), ('backbone', 'posmlp_t', True),
+        ('backbone', 'swin_t', False), ('backbone', 'swin_t', True),
+        ('detector', 'posmlp_t', False), ('detector', 'posmlp_t', True),
+        ('detector', 'swin_t', False), ('detector', 'swin_t', True)}
+    for key, r in rows.items():
+        shape = TRAIN_SHAPE if key[0] == 'backbone' else DETECTOR_SHAPE
+        assert r['shape'] == list(shape), key
+        assert len(r['times']) == 1 and r['median_s'] > 0, key
+        assert r['memory'] == 'inprocess' and r['peak_mb'] is not None
+        assert r['saved_activation_mb_per_image'] > 0, key
+        assert r['params'] > 0
+    for kind in ('backbone', 'detector'):
+        for model in ('posmlp_t', 'swin_t'):
+            # checkpointing keeps fewer activations for the backward
+            assert (rows[kind, model, True]['saved_activation_mb_per_image']
+                    < rows[kind, model, False]
+                    ['saved_activation_mb_per_image']), (kind, model)
+    for model in ('posmlp_t', 'swin_t'):
+        det = rows['detector', model, False]
+        assert 0 < det['backbone_params'] < det['params']
+    targets = data['targets']['training']
+    assert {(e['kind'], e['with_cp']) for e in targets} == {
+        ('backbone', False), ('backbone', True), ('detector', False),
+        ('detector', True)}
+    for e in targets:
+        assert e['time_ratio'] > 0 and e['saved_ratio'] > 0
+        assert ('met' in e) == (e['kind'] == 'backbone')
+    md = (tmp_path / 'train.md').read_text()
+    assert '### Training cost' in md and 'RetinaNet-Swin-T (with_cp)' in md
+
+
+def test_retinanets_differ_by_their_backbones_only():
+    dets = {name: build_detector(name) for name in ('posmlp_t', 'swin_t')}
+    for part in ('neck', 'bbox_head'):
+        shapes = [{k: tuple(v.shape) for k, v in
+                   getattr(det, part).state_dict().items()}
+                  for det in dets.values()]
+        assert shapes[0] == shapes[1] and shapes[0], part
+    assert isinstance(dets['posmlp_t'].backbone, PosMLP)
+    assert type(dets['swin_t'].backbone).__name__ == 'SwinTransformer'
+    assert dets['posmlp_t'].backbone.out_indices == (1, 2, 3)
+
+
+def test_training_footprint_in_a_fresh_process(one_thread):
+    """The fresh process measures the same model as this one: equal saved
+    activation bytes (they depend only on the model and the input), and a
+    peak growth of at least those bytes."""
+    case = TrainingCase('backbone', 'posmlp_t', False, (2, 64, 64))
+    fresh = footprint_in_fresh_process(case, torch.device('cpu'), 0, ARCH)
+    job, model = training_job(case, torch.device('cpu'), 0, ARCH)
+    here = footprint(job, model, torch.device('cpu'), 2)
+    assert fresh['saved_activation_mb_per_image'] == pytest.approx(
+        here['saved_activation_mb_per_image'], rel=1e-12)
+    if fresh['peak_method'] is None:
+        pytest.skip('no /proc on this system')
+    saved = fresh['saved_activation_mb_per_image'] * 2
+    assert fresh['peak_first_step_mb'] >= saved
+    assert fresh['peak_mb'] >= 0.5 * saved
+
+
+def test_fresh_process_failure_is_reported():
+    case = TrainingCase('backbone', 'posmlp_t', False, (1, 64, 64))
+    bad_arch = dict(ARCH, window_size=[0, 7, 7, 4])
+    with pytest.raises(RuntimeError, match='fresh process failed'):
+        footprint_in_fresh_process(case, torch.device('cpu'), 0, bad_arch)
+
+
+def test_saved_activations_counts_each_storage_once():
+    lin = torch.nn.Linear(32, 32)
+    x = torch.randn(8, 32, requires_grad=True)
+    with SavedActivations(exclude=lin.parameters()) as saved:
+        # saved: x and the weight (linear), h (ReLU's output)
+        h = torch.relu(lin(x))
+        # saved again: h (linear), a view of h (square), the weight
+        out = lin(h).sum() + h[:, :16].square().sum()
+    out.backward()
+    assert saved.excluded_bytes == 32 * 32 * 4
+    assert saved.activation_bytes == 2 * 8 * 32 * 4
+
+
+def test_benchmark_rejects_bad_training_options(bench):
+    with pytest.raises(SystemExit, match='bad training shape'):
+        bench.main(['--training-only', '--train-shapes', '512x512'])
+    with pytest.raises(SystemExit, match='unknown detector backbone'):
+        bench.main(['--training-only', '--detectors', 'resnet50'])
+    with pytest.raises(SystemExit, match='bad --train-cp'):
+        bench.main(['--training-only', '--train-cp', 'yes'])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match='no CUDA device'):
+            bench.main(['--device', 'cuda', '--training-only'])

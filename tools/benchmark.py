@@ -1,15 +1,16 @@
 #!/usr/bin/env python
-"""Speed, memory and cost of PosMLP backbones against Swin and ResNet-50.
+"""Speed, memory and cost of PosMLP backbones against Swin and ResNet-50,
+in inference and in training.
 
-All models run in one process, on the same input tensors, and their timed
-runs are interleaved round by round, so that a machine whose speed drifts
-(other jobs, clock changes) affects every model alike. Measured for every
-(input size, batch, mode):
+All models of a part run in one process, on the same inputs, and their
+timed runs are interleaved round by round, so that a machine whose speed
+drifts (other jobs, clock changes) affects every model alike.
 
-* median (and fastest) latency of a backbone forward (``fwd``: eval mode, no autograd) or
-  forward + backward (``fwdbwd``: train mode, gradient of the mean of every
-  output level), and images per second;
-* peak memory of the call (see ``PeakMemory`` for how);
+Inference part, for every (input size, batch, mode):
+
+* median (and fastest) latency of a backbone forward (``fwd``: eval mode,
+  no autograd) or training step (``fwdbwd``: see below), images per second;
+* peak memory of the call (see ``posmlp_dense.bench.measure.PeakMemory``);
 * parameters, and multiply-adds counted by ``torch.utils.flop_counter``
   (MACs = counted FLOPs / 2; it counts mm, addmm, bmm, baddbmm and
   convolutions, and einsum / matmul / ``@`` run as those, so the token
@@ -17,13 +18,20 @@ runs are interleaved round by round, so that a machine whose speed drifts
 * achieved GFLOP/s, also as a fraction of a large fp32 matmul timed in the
   same run (the calibration).
 
+Scaling part: how forward latency grows with the input size (square inputs,
+batch 1), fitted as latency ~ pixels ** exponent.
+
+Training part (``posmlp_dense.bench.training``): backbone training steps
+(train mode, fp32: forward, the sum of the squared outputs, backward) and
+whole RetinaNet training iterations, each with and without gradient
+checkpointing (``with_cp``): step time, peak memory growth (on a CPU in a
+fresh process per row) and the activation bytes autograd saves per image.
+
 Models: ``posmlp_t``/``posmlp_s`` (this package), ``swin_t``/``swin_s`` and
 ``resnet50`` (built from mmdet's registry), and ``published_port``: the
 PosMLP-T weights run the way the published code runs them (see
-``PublishedPort``), the baseline the mixing is compared with.
-
-A second part measures how forward latency grows with the input size
-(square inputs, batch 1) and fits latency ~ pixels ** exponent.
+``posmlp_dense.bench.published_port``), the baseline the mixing is
+compared with.
 
 Writes ``benchmark.json`` (every raw number and the environment),
 ``benchmark.png`` (chart) and ``benchmark.md`` (tables for the README).
@@ -33,7 +41,8 @@ Examples::
     python tools/benchmark.py                 # the full default run
     python tools/benchmark.py --quick         # a few minutes
     python tools/benchmark.py --sizes 800x1333 --batches 1 --modes fwd \\
-        --models posmlp_t,swin_t,published_port --repeats 5
+        --models posmlp_t,swin_t,published_port --repeats 5 --no-training
+    python tools/benchmark.py --training-only --train-shapes 2x512x512
 
 The benchmark changes no process-wide numeric setting (no flushing of
 subnormal floats, no TF32 switches, torch's default thread count).
@@ -41,40 +50,51 @@ subnormal floats, no TF32 switches, torch's default thread count).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
-import statistics
 import time
-from typing import Dict, List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
+from posmlp_dense.bench.inference import MacCounter, run_scaling, run_settings
 from posmlp_dense.bench.measure import (
-    MEMORY_METHODS, MODES, PeakMemory, count_macs, environment, fit_exponent,
-    loadavg, log, make_input, matmul_calibration, parse_size,
-    run_interleaved, size_name, summarize)
+    MEMORY_METHODS, MODES, PeakMemory, environment, fit_exponent, log,
+    make_input, matmul_calibration, parse_size, size_name)
 from posmlp_dense.bench.models import ALL_MODELS, build_models, count_params
 from posmlp_dense.bench.published_port import port_check
-from posmlp_dense.bench.report import chart, fmt, markdown, target_lines
+from posmlp_dense.bench.report import chart, markdown, target_lines
+from posmlp_dense.bench.training import (
+    DETECTOR_BACKBONES, MEMORY_MODES, TrainingCase, run_training)
 
+# Backbones the training part can build (the published port shares
+# PosMLP-T's weights and has no checkpointing).
+TRAIN_MODELS = tuple(n for n in ALL_MODELS if n != 'published_port')
 
-# Defaults: the full run takes about 11 minutes on an idle 2-core CPU (and
-# two to five times as long while other jobs run); --quick is a subset of
-# a few minutes. fwdbwd stops at 512x512: at 800x1333 a backward of
-# PosMLP-S at batch 2 would need roughly 10 GB, extrapolated from 512x512
-# (--fwdbwd-max-pixels 0 runs it anyway).
+# Defaults: the inference and scaling parts took about 11 minutes on an
+# idle 2-core CPU with fwdbwd included (two to five times as long while
+# other jobs run); the training part adds roughly 15-20 minutes there (see
+# the README). --quick is a subset of a few minutes. fwdbwd stops at
+# 512x512 (--fwdbwd-max-pixels 0 runs it anyway): the training part
+# measures training steps at 800x1333, with an honest memory figure.
 DEFAULTS = dict(
     models=','.join(ALL_MODELS), sizes='224,512,800x1333', batches='1,2',
-    modes='fwd,fwdbwd', fwdbwd_models='posmlp_t,posmlp_s,swin_t,swin_s,'
-    'resnet50', fwdbwd_max_pixels=512 * 512, repeats=5, warmup=1,
+    modes='fwd', fwdbwd_models='posmlp_t,posmlp_s,swin_t,swin_s,resnet50',
+    fwdbwd_max_pixels=512 * 512, repeats=5, warmup=1,
     scaling_sizes='512,800,1024,1333,1600', scaling_models='posmlp_t,swin_t',
-    scaling_repeats=3)
+    scaling_repeats=3, train_models='posmlp_t,swin_t,resnet50',
+    train_shapes='2x512x512,1x800x1333', train_cp='off,on',
+    detectors='posmlp_t,swin_t', detector_shape='1x800x1333',
+    train_repeats=3, train_warmup=1)
 QUICK = dict(
     models='posmlp_t,swin_t,resnet50,published_port', sizes='224,800x1333',
-    batches='1', modes='fwd,fwdbwd', fwdbwd_models='posmlp_t,swin_t',
+    batches='1', modes='fwd', fwdbwd_models='posmlp_t,swin_t',
     fwdbwd_max_pixels=224 * 224, repeats=2, warmup=1, scaling_sizes='512,1024',
-    scaling_models='posmlp_t,swin_t', scaling_repeats=2)
-
+    scaling_models='posmlp_t,swin_t', scaling_repeats=2,
+    train_models='posmlp_t,swin_t', train_shapes='1x512x512', train_cp='off',
+    detectors='none', detector_shape='1x800x1333', train_repeats=3,
+    train_warmup=1)
 
 
 def parse_list(text: Optional[str]) -> List[str]:
@@ -83,8 +103,33 @@ def parse_list(text: Optional[str]) -> List[str]:
     return [t.strip() for t in text.split(',') if t.strip()]
 
 
+def parse_shape(text: str) -> Tuple[int, int, int]:
+    """'BxHxW' -> (B, H, W)."""
+    parts = text.strip().lower().split('x')
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise SystemExit(f'bad training shape {text!r}: write batch x height '
+                         f'x width, e.g. 2x512x512')
+    return tuple(int(p) for p in parts)
 
-# ==================================================================== main
+
+def parse_cp(text: str) -> List[bool]:
+    values = {'off': False, 'on': True}
+    out = []
+    for t in parse_list(text):
+        if t not in values:
+            raise SystemExit(f'bad --train-cp value {t!r}: use off and/or on')
+        out.append(values[t])
+    return out
+
+
+def checked(names: List[str], allowed, what: str) -> List[str]:
+    for n in names:
+        if n not in allowed:
+            raise SystemExit(f'unknown {what} {n!r}; choose from '
+                             f'{", ".join(allowed)}')
+    return names
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__.split('\n\n')[0],
@@ -92,34 +137,68 @@ def parse_args(argv=None):
     p.add_argument('--quick', action='store_true',
                    help='a subset of a few minutes (explicit flags still '
                         'override it)')
-    p.add_argument('--models', help=f'comma list from {",".join(ALL_MODELS)} '
+    g = p.add_argument_group('inference and scaling parts')
+    g.add_argument('--models', help=f'comma list from {",".join(ALL_MODELS)} '
                    f'(default: all; the fwdbwd and scaling runs take theirs '
                    f'from --fwdbwd-models and --scaling-models)')
-    p.add_argument('--sizes', help='input sizes HxW or S (square), comma '
+    g.add_argument('--sizes', help='input sizes HxW or S (square), comma '
                    f'list (default {DEFAULTS["sizes"]})')
-    p.add_argument('--batches', help=f'default {DEFAULTS["batches"]}')
-    p.add_argument('--modes', help=f'fwd and/or fwdbwd (default '
-                   f'{DEFAULTS["modes"]})')
-    p.add_argument('--fwdbwd-models', help='models that also run fwdbwd '
+    g.add_argument('--batches', help=f'default {DEFAULTS["batches"]}')
+    g.add_argument('--modes', help=f'fwd and/or fwdbwd (default '
+                   f'{DEFAULTS["modes"]}; the training part has the '
+                   f'training steps)')
+    g.add_argument('--fwdbwd-models', help='models that also run fwdbwd '
                    f'(default {DEFAULTS["fwdbwd_models"]}; "all" for all)')
-    p.add_argument('--fwdbwd-max-pixels', type=int, help='fwdbwd runs only '
+    g.add_argument('--fwdbwd-max-pixels', type=int, help='fwdbwd runs only '
                    'at the --sizes with at most this many pixels (default '
                    f'{DEFAULTS["fwdbwd_max_pixels"]}; 0: all sizes)')
-    p.add_argument('--repeats', type=int, help='timed runs per model and '
+    g.add_argument('--repeats', type=int, help='timed runs per model and '
                    f'setting (default {DEFAULTS["repeats"]})')
-    p.add_argument('--warmup', type=int, help='untimed runs of every model '
+    g.add_argument('--warmup', type=int, help='untimed runs of every model '
                    'before the first batch of each size and mode (default '
                    f'{DEFAULTS["warmup"]})')
-    p.add_argument('--warmup-each', action='store_true',
+    g.add_argument('--warmup-each', action='store_true',
                    help='warm up before every batch, not only the first')
-    p.add_argument('--scaling-sizes', help='square sizes of the scaling fit '
+    g.add_argument('--scaling-sizes', help='square sizes of the scaling fit '
                    f'(default {DEFAULTS["scaling_sizes"]}; "none" to skip)')
-    p.add_argument('--scaling-models', help='default '
+    g.add_argument('--scaling-models', help='default '
                    f'{DEFAULTS["scaling_models"]}')
-    p.add_argument('--scaling-repeats', type=int)
-    p.add_argument('--check-size', default='224', help='size at which the '
+    g.add_argument('--scaling-repeats', type=int)
+    g.add_argument('--check-size', default='224', help='size at which the '
                    'published port is checked against PosMLP-T ("none" to '
                    'skip); windows must tile every level')
+    g.add_argument('--no-count', action='store_true',
+                   help='skip the MAC counting')
+    g.add_argument('--real-count', action='store_true',
+                   help='count MACs on real tensors (default: fake tensors, '
+                        'same counts without the arithmetic)')
+    t = p.add_argument_group('training part')
+    t.add_argument('--training-only', action='store_true',
+                   help='run only the training part')
+    t.add_argument('--no-training', action='store_true',
+                   help='skip the training part')
+    t.add_argument('--train-models', help='backbones whose training step is '
+                   f'timed, from {",".join(TRAIN_MODELS)} (default '
+                   f'{DEFAULTS["train_models"]}; "none" to skip)')
+    t.add_argument('--train-shapes', help='BxHxW of the backbone steps, '
+                   f'comma list (default {DEFAULTS["train_shapes"]})')
+    t.add_argument('--train-cp', help='gradient checkpointing: off, on or '
+                   f'off,on (default {DEFAULTS["train_cp"]}); applies to the '
+                   f'detectors too')
+    t.add_argument('--detectors', help='RetinaNet backbones, from '
+                   f'{",".join(DETECTOR_BACKBONES)} (default '
+                   f'{DEFAULTS["detectors"]}; "none" to skip)')
+    t.add_argument('--detector-shape', help='BxHxW of the detector '
+                   f'iteration (default {DEFAULTS["detector_shape"]})')
+    t.add_argument('--train-repeats', type=int, help='timed steps per row '
+                   f'(default {DEFAULTS["train_repeats"]})')
+    t.add_argument('--train-warmup', type=int, help='untimed steps per row '
+                   f'first (default {DEFAULTS["train_warmup"]})')
+    t.add_argument('--train-memory', default='auto',
+                   choices=('auto',) + MEMORY_MODES,
+                   help='peak memory of the training rows: in a fresh '
+                        'process per row, in the timing process, or not at '
+                        'all (auto: fresh on CPU, inprocess on CUDA)')
     p.add_argument('--posmlp-arch', help='JSON dict: custom arch for posmlp_t '
                    'and the published port (for tests)')
     p.add_argument('--device', default='auto', choices=('auto', 'cpu',
@@ -128,11 +207,6 @@ def parse_args(argv=None):
                    '(default 2048 on CPU, 8192 on CUDA)')
     p.add_argument('--mem-interval-ms', type=float, default=1.0,
                    help='RSS sampling interval on CPU')
-    p.add_argument('--no-count', action='store_true',
-                   help='skip the MAC counting')
-    p.add_argument('--real-count', action='store_true',
-                   help='count MACs on real tensors (default: fake tensors, '
-                        'same counts without the arithmetic)')
     p.add_argument('--no-chart', action='store_true')
     p.add_argument('--from-json', metavar='JSON',
                    help='run nothing: rewrite the Markdown and the chart of '
@@ -141,192 +215,183 @@ def parse_args(argv=None):
     p.add_argument('--out', default=os.path.join('work_dirs', 'benchmark',
                                                  'benchmark.json'))
     args = p.parse_args(argv)
+    if args.training_only and args.no_training:
+        p.error('--training-only and --no-training exclude each other')
     base = QUICK if args.quick else DEFAULTS
     for key, value in base.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.train_repeats < 1:
+        p.error('--train-repeats must be at least 1')
     return args
 
 
 def write_outputs(report: dict, out: str, with_chart: bool = True) -> str:
-    """benchmark.md and benchmark.png next to ``out``; returns the table."""
+    """benchmark.md (and benchmark.png, when there is something to draw)
+    next to ``out``; returns the Markdown."""
     stem = os.path.splitext(out)[0]
     md = markdown(report)
     with open(stem + '.md', 'w') as f:
         f.write(md)
     report['files'] = dict(json=out, markdown=stem + '.md')
-    if with_chart:
-        chart(report, stem + '.png')
+    if with_chart and chart(report, stem + '.png'):
         report['files']['chart'] = stem + '.png'
     return md
+
+
+def rewrite_from_json(path: str, with_chart: bool) -> dict:
+    with open(path) as f:
+        report = json.load(f)
+    for fit in report.get('scaling', {}).values():
+        if 'exponent_min' not in fit and 'times' in fit:  # older runs
+            fit['min_s'] = [min(t) for t in fit['times']]
+            fast = fit_exponent(fit['pixels'], fit['min_s'])
+            fit['exponent_min'], fit['r2_min'] = fast['exponent'], fast['r2']
+    report['targets'] = target_lines(report)
+    print(write_outputs(report, path, with_chart))
+    return report
+
+
+def choose_device(name: str) -> torch.device:
+    if name == 'auto':
+        return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    if name == 'cuda' and not torch.cuda.is_available():
+        raise SystemExit('--device cuda: torch sees no CUDA device '
+                         f'(torch {torch.__version__}, built for CUDA '
+                         f'{torch.version.cuda})')
+    return torch.device(name)
+
+
+def training_cases(args) -> List[TrainingCase]:
+    if args.no_training:
+        return []
+    cps = parse_cp(args.train_cp)
+    cases = [TrainingCase('backbone', n, cp, parse_shape(s))
+             for s in parse_list(args.train_shapes)
+             for n in checked(parse_list(args.train_models), TRAIN_MODELS,
+                              'training model')
+             for cp in cps]
+    detector_shape = parse_shape(args.detector_shape)
+    cases += [TrainingCase('detector', n, cp, detector_shape)
+              for n in checked(parse_list(args.detectors),
+                               DETECTOR_BACKBONES, 'detector backbone')
+              for cp in cps]
+    return cases
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.from_json:
-        with open(args.from_json) as f:
-            report = json.load(f)
-        for fit in report.get('scaling', {}).values():
-            if 'exponent_min' not in fit and 'times' in fit:
-                fit['min_s'] = [min(t) for t in fit['times']]
-                fast = fit_exponent(fit['pixels'], fit['min_s'])
-                fit['exponent_min'], fit['r2_min'] = fast['exponent'], \
-                    fast['r2']
-        report['targets'] = target_lines(report)
-        print(write_outputs(report, args.from_json, not args.no_chart))
-        return report
+        return rewrite_from_json(args.from_json, not args.no_chart)
     start = time.perf_counter()
-    if args.device == 'auto':
-        device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    else:
-        device = torch.device(args.device)
-    names = parse_list(args.models)
-    for n in names:
-        if n not in ALL_MODELS:
-            raise SystemExit(f'unknown model {n!r}; choose from '
-                             f'{", ".join(ALL_MODELS)}')
+    device = choose_device(args.device)
+    inference = not args.training_only
+    names = checked(parse_list(args.models), ALL_MODELS, 'model') \
+        if inference else []
     fb = parse_list(args.fwdbwd_models)
     fwdbwd_names = [n for n in names if 'all' in fb or n in fb]
     sizes = [parse_size(s) for s in parse_list(args.sizes)]
     fwdbwd_sizes = [s for s in sizes if args.fwdbwd_max_pixels <= 0
                     or s[0] * s[1] <= args.fwdbwd_max_pixels]
     batches = [int(b) for b in parse_list(args.batches)]
-    modes = parse_list(args.modes)
-    for m in modes:
-        if m not in MODES:
-            raise SystemExit(f'unknown mode {m!r}; choose from {MODES}')
-    scaling_sizes = [parse_size(s) for s in parse_list(args.scaling_sizes)]
-    scaling_names = [n for n in parse_list(args.scaling_models)]
+    modes = checked(parse_list(args.modes), MODES, 'mode')
+    scaling_sizes = [parse_size(s) for s in parse_list(args.scaling_sizes)] \
+        if inference else []
+    scaling_names = checked(parse_list(args.scaling_models), ALL_MODELS,
+                            'model') if scaling_sizes else []
+    cases = training_cases(args)
+    train_memory = args.train_memory if args.train_memory != 'auto' else (
+        'inprocess' if device.type == 'cuda' else 'fresh')
     posmlp_arch = json.loads(args.posmlp_arch) if args.posmlp_arch else None
     mem_interval = args.mem_interval_ms / 1e3
     calib_n = args.calib_size or (8192 if device.type == 'cuda' else 2048)
-    needed = list(dict.fromkeys(names + (scaling_names if scaling_sizes
-                                         else [])))
+    needed = list(dict.fromkeys(names + scaling_names))
 
     env = environment(device)
     log(f'torch {env["torch"]}, {env["threads"]} threads (torch default), '
-        f'device {device}, CPU {env.get("cpu_model", "?")}')
-    log(f'models {", ".join(needed)}; sizes '
-        f'{", ".join(size_name(s) for s in sizes)}; batches {batches}; '
-        f'modes {modes}; {args.repeats} repeats after {args.warmup} warm-up',
-        start)
-    models = build_models(needed, posmlp_arch, args.seed)
-    for m in models.values():
-        m.to(device)
-    params = {n: count_params(m) for n, m in models.items()}
+        f'device {device}'
+        + (f' ({env["cuda_device"]})' if device.type == 'cuda' else '')
+        + f', CPU {env.get("cpu_model", "?")}')
+    if names:
+        log(f'inference: models {", ".join(needed)}; sizes '
+            f'{", ".join(size_name(s) for s in sizes)}; batches {batches}; '
+            f'modes {modes}; {args.repeats} repeats after {args.warmup} '
+            f'warm-up', start)
+    if cases:
+        log(f'training: {len(cases)} rows; {args.train_repeats} timed steps '
+            f'after {args.train_warmup} warm-up; peak memory: {train_memory}',
+            start)
     with PeakMemory(device, mem_interval) as probe:
         pass
     mem_method = probe.method
-    calib_start = matmul_calibration(device, calib_n)
+    calibs = [matmul_calibration(device, calib_n)]
     log(f'peak memory method: {mem_method}', start)
-    log(f'matmul calibration: {calib_start["gflops"]:.1f} GFLOP/s', start)
+    log(f'matmul calibration: {calibs[0]["gflops"]:.1f} GFLOP/s', start)
 
     report = dict(
         config=dict(vars(args), models=names, sizes=[list(s) for s in sizes],
                     batches=batches, modes=modes, fwdbwd_models=fwdbwd_names,
                     fwdbwd_sizes=[list(s) for s in fwdbwd_sizes],
                     scaling_sizes=[list(s) for s in scaling_sizes],
-                    scaling_models=scaling_names),
-        environment=env, params=params,
+                    scaling_models=scaling_names,
+                    training_cases=[c.as_dict() for c in cases],
+                    train_memory=train_memory),
+        environment=env, params={},
         memory_method_key=mem_method,
         memory_method=MEMORY_METHODS[mem_method].format(
             interval=f'{args.mem_interval_ms:g}')
         + '; max over the timed runs',
-        results=[], scaling={}, macs={})
+        results=[], scaling={}, macs={}, training=[])
 
-    if ('posmlp_t' in models and 'published_port' in models
-            and args.check_size.lower() != 'none'):
-        report['port_check'] = port_check(
-            models['posmlp_t'], models['published_port'],
-            make_input(parse_size(args.check_size), 1, device, args.seed))
-        c = report['port_check']
-        verdict = 'ok' if c['ok'] else 'MISMATCH'
-        log(f'published port vs PosMLP-T at {size_name(c["size"])}: max abs '
-            f'diff {c["max_abs_diff"]:.2e} ({verdict})', start)
-
-    macs_cache: Dict[tuple, Optional[int]] = {}
-
-    def macs_of(name, size, mode):
-        key = (name, size, mode)
-        if args.no_count:
-            return None
-        if key not in macs_cache:
-            total, by_op, how = count_macs(models[name], size, mode, device,
-                                           fake=not args.real_count)
-            macs_cache[key] = total
-            report['macs'].setdefault(name, {}).setdefault(mode, {})[
-                size_name(size)] = dict(gmacs=total / 1e9, flops_by_op=by_op,
-                                        counted_on=how)
-            log(f'counted {name} {size_name(size)} {mode}: '
-                f'{total / 1e9:.2f} GMACs', start)
-        return macs_cache[key]
-
-    calibs = [calib_start]
-    for mode in modes:
-        mode_names = names if mode == 'fwd' else fwdbwd_names
-        if not mode_names:
-            continue
-        for size in (sizes if mode == 'fwd' else fwdbwd_sizes):
-            for bi, batch in enumerate(batches):
-                x = make_input(size, batch, device, args.seed)
-                macs = {n: macs_of(n, size, mode) for n in mode_names}
-                what = f'{mode:<6s} {size_name(size):>9s} b{batch}'
-                warmup = args.warmup if bi == 0 or args.warmup_each else 0
-                local = matmul_calibration(device, calib_n, repeats=2)
-                runs = run_interleaved(
-                    models, [((n,), n, x) for n in mode_names], mode,
-                    args.repeats, warmup, device, mem_interval,
-                    lambda key: what, start)
-                calibs.append(local)
-                state = dict(calib_gflops_before=local['gflops'],
-                             loadavg=loadavg())
-                for n in mode_names:
-                    r = summarize(runs[(n,)], batch, macs[n])
-                    r.update(model=n, size=list(size), batch=batch, mode=mode,
-                             params=params[n], **state)
-                    report['results'].append(r)
-                    log(f'{what}  {n:<15s} median {r["median_s"] * 1e3:9.1f}'
-                        f' ms  {r["images_per_s"]:7.2f} img/s  peak '
-                        f'{fmt(r["peak_mem_mb"], ".0f")} MB', start)
-                del x
-
-    if scaling_sizes and scaling_names:
-        # one set of rounds over every (size, model): a drift of the
-        # machine's speed during the sweep does not bend the curve
-        inputs = {s: make_input(s, 1, device, args.seed)
-                  for s in scaling_sizes}
-        jobs = [((s, n), n, inputs[s]) for s in scaling_sizes
-                for n in scaling_names]
-        runs = run_interleaved(
-            models, jobs, 'fwd', args.scaling_repeats, args.warmup, device,
-            mem_interval, lambda key: f'scaling {size_name(key[0]):>9s} b1',
+    if needed:
+        models = build_models(needed, posmlp_arch, args.seed)
+        for m in models.values():
+            m.to(device)
+        report['params'] = {n: count_params(m) for n, m in models.items()}
+        if ('posmlp_t' in models and 'published_port' in models
+                and args.check_size.lower() != 'none'):
+            c = report['port_check'] = port_check(
+                models['posmlp_t'], models['published_port'],
+                make_input(parse_size(args.check_size), 1, device, args.seed))
+            log(f'published port vs PosMLP-T at {size_name(c["size"])}: max '
+                f'abs diff {c["max_abs_diff"]:.2e} '
+                f'({"ok" if c["ok"] else "MISMATCH"})', start)
+        macs = None if args.no_count else MacCounter(
+            models, device, fake=not args.real_count, start=start)
+        settings = [(mode, names if mode == 'fwd' else fwdbwd_names,
+                     sizes if mode == 'fwd' else fwdbwd_sizes)
+                    for mode in modes]
+        report['results'], more = run_settings(
+            models, settings, batches, args.repeats, args.warmup,
+            args.warmup_each, device, mem_interval, calib_n, args.seed, macs,
             start)
-        del inputs
-        for n in scaling_names:
-            pixels = [h * w for h, w in scaling_sizes]
-            med = [statistics.median(runs[(s, n)]['times'])
-                   for s in scaling_sizes]
-            fastest = [min(runs[(s, n)]['times']) for s in scaling_sizes]
-            fit = fit_exponent(pixels, med)
-            fit_min = fit_exponent(pixels, fastest)
-            report['scaling'][n] = dict(
-                sizes=[list(s) for s in scaling_sizes], pixels=pixels,
-                median_s=med, min_s=fastest,
-                times=[runs[(s, n)]['times'] for s in scaling_sizes],
-                exponent_min=fit_min['exponent'], r2_min=fit_min['r2'], **fit)
-            log(f'scaling {n}: latency ~ pixels^{fmt(fit["exponent"], ".3f")}'
-                f' (R^2 {fmt(fit["r2"], ".3f")})', start)
+        calibs += more
+        if macs is not None:
+            report['macs'] = macs.table
+        if scaling_sizes and scaling_names:
+            report['scaling'] = run_scaling(
+                models, scaling_names, scaling_sizes, args.scaling_repeats,
+                args.warmup, device, mem_interval, args.seed, start)
+        del models, macs
+        gc.collect()
+        if device.type == 'cuda':
+            torch.cuda.empty_cache()
 
-    calib_end = matmul_calibration(device, calib_n)
-    calibs.append(calib_end)
+    if cases:
+        report['training'] = run_training(
+            cases, args.train_repeats, args.train_warmup, device,
+            train_memory, args.seed, posmlp_arch, mem_interval, start)
+
+    calibs.append(matmul_calibration(device, calib_n))
     peak = max(c['gflops'] for c in calibs)
     report['calibration'] = dict(
-        start=calib_start, end=calib_end, peak_gflops=peak,
+        start=calibs[0], end=calibs[-1], peak_gflops=peak,
         all_gflops=[c['gflops'] for c in calibs],
         note='peak_gflops: the fastest of all calibrations in this run (one '
-             'at the start, one before every setting, one at the end)')
-    log(f'matmul calibration at the end: {calib_end["gflops"]:.1f} GFLOP/s; '
-        f'range over the run {min(c["gflops"] for c in calibs):.1f} - '
+             'at the start, one before every inference setting, one at the '
+             'end)')
+    log(f'matmul calibration at the end: {calibs[-1]["gflops"]:.1f} GFLOP/s;'
+        f' range over the run {min(c["gflops"] for c in calibs):.1f} - '
         f'{peak:.1f}', start)
     for r in report['results']:
         if r.get('gflops_per_s') is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import dataclasses
 import datetime
 import math
 import os
@@ -17,7 +18,7 @@ import subprocess
 import threading
 import time
 import warnings
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -32,6 +33,11 @@ def log(msg: str, start: Optional[float] = None):
     prefix = '' if start is None else f'[{time.perf_counter() - start:7.1f}s] '
     print(prefix + msg, flush=True)
 
+
+
+def fmt(value, spec: str, missing: str = '-') -> str:
+    """``format(value, spec)``, or ``missing`` for None."""
+    return missing if value is None else format(value, spec)
 
 
 class PeakMemory:
@@ -159,8 +165,66 @@ MEMORY_METHODS = {
 }
 
 
+class SavedActivations:
+    """Bytes that autograd keeps for the backward pass, counted while the
+    forward runs (``torch.autograd.graph.saved_tensors_hooks``).
+
+    Every saved tensor is charged the whole storage it views, and each
+    storage once, however many operations save it (the one a view and its
+    base share, an output saved by the next operation as its input). The
+    storages of ``exclude`` (the model's parameters and buffers, which
+    exist whether or not anything is saved) go to ``excluded_bytes``, the
+    rest to ``activation_bytes``. The figure is the same on any device:
+    it depends only on which tensors the model's operations save.
+
+    Inside a non-reentrant ``torch.utils.checkpoint`` region the tensors
+    are held by the checkpoint, not saved; the region's inputs, which the
+    checkpoint keeps, are seen here as saved.
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+        self._excluded = {self._key(t) for t in exclude}
+        self._storages: Dict[tuple, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(
+            self._pack, self._unpack)
+
+    @staticmethod
+    def _key(t: torch.Tensor) -> tuple:
+        return t.device, t.untyped_storage().data_ptr()
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self._storages[self._key(t)] = t.untyped_storage().nbytes()
+        return t
+
+    @staticmethod
+    def _unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def __enter__(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._hooks.__exit__(*exc)
+
+    @property
+    def activation_bytes(self) -> int:
+        return sum(n for k, n in self._storages.items()
+                   if k not in self._excluded)
+
+    @property
+    def excluded_bytes(self) -> int:
+        return sum(n for k, n in self._storages.items()
+                   if k in self._excluded)
+
+
 def make_step(model: nn.Module, mode: str) -> Callable[[torch.Tensor], None]:
-    """A function running one forward (or forward + backward) of ``model``."""
+    """A function running one call of ``model`` on an input batch.
+
+    ``fwd``: forward without autograd. ``fwdbwd`` (a training step of the
+    backbone alone): forward, the sum of the squared outputs of every
+    returned level as the loss, backward.
+    """
     if mode == 'fwd':
         def step(x):
             with torch.no_grad():
@@ -168,7 +232,8 @@ def make_step(model: nn.Module, mode: str) -> Callable[[torch.Tensor], None]:
     elif mode == 'fwdbwd':
         def step(x):
             outs = model(x)
-            loss = sum(o.float().mean() for o in outs)
+            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            loss = sum(o.float().square().sum() for o in outs)
             loss.backward()
     else:
         raise ValueError(f'unknown mode {mode!r}')
@@ -184,14 +249,14 @@ def set_mode(model: nn.Module, mode: str):
     model.zero_grad(set_to_none=True)
 
 
-def timed_call(step, x, device: torch.device, mem_interval: float
-               ) -> Tuple[float, Optional[int]]:
-    """(seconds, peak bytes) of one call."""
+def timed_call(step: Callable[[], object], device: torch.device,
+               mem_interval: float) -> Tuple[float, Optional[int]]:
+    """(seconds, peak bytes) of one call of ``step()``."""
     with PeakMemory(device, mem_interval) as mem:
         if device.type == 'cuda':
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        step(x)
+        step()
         if device.type == 'cuda':
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - t0
@@ -286,43 +351,73 @@ def make_input(size: Tuple[int, int], batch: int, device: torch.device,
     return torch.randn(batch, 3, *size, generator=gen).to(device)
 
 
+@dataclasses.dataclass
+class Job:
+    """One thing to time: ``step()`` runs it once; ``reset()`` runs after
+    every call, untimed (e.g. to drop the gradients)."""
+    key: tuple
+    name: str
+    step: Callable[[], object]
+    reset: Callable[[], object] = lambda: None
+
+
+def run_jobs(jobs: Sequence[Job], repeats: int, warmup: int,
+             device: torch.device, mem_interval: float,
+             label: Callable[[tuple], str], start: float
+             ) -> Dict[tuple, dict]:
+    """Time ``jobs`` in interleaved rounds.
+
+    First ``warmup`` untimed rounds, then ``repeats`` timed rounds; every
+    round runs every job once, and the order of the jobs rotates from round
+    to round, so that a drift of the machine's speed is shared by all.
+    """
+    runs = {job.key: dict(times=[], peaks=[], warmup_times=[],
+                          warmup_peaks=[]) for job in jobs}
+    jobs = list(jobs)
+    for r in range(warmup + repeats):
+        timed = r >= warmup
+        k = (r - warmup) % len(jobs) if timed else 0
+        for job in jobs[k:] + jobs[:k]:
+            t, peak = timed_call(job.step, device, mem_interval)
+            job.reset()
+            entry = runs[job.key]
+            entry['times' if timed else 'warmup_times'].append(t)
+            entry['peaks' if timed else 'warmup_peaks'].append(peak)
+            which = (f'round {r - warmup + 1}/{repeats}' if timed
+                     else f'warm-up {r + 1}/{warmup}')
+            log(f'{label(job.key)}  {which}  {job.name:<15s} '
+                f'{t * 1e3:9.1f} ms', start)
+    return runs
+
+
+def model_job(key: tuple, name: str, model: nn.Module, x: torch.Tensor,
+              mode: str) -> Job:
+    """A job calling ``model`` on ``x`` in ``mode`` (see ``make_step``);
+    the model must already be in that mode (``set_mode``)."""
+    step = make_step(model, mode)
+    return Job(key, name, lambda: step(x),
+               lambda: model.zero_grad(set_to_none=True))
+
+
 def run_interleaved(models: Dict[str, nn.Module],
                     jobs: Sequence[Tuple[tuple, str, torch.Tensor]],
                     mode: str, repeats: int, warmup: int,
                     device: torch.device, mem_interval: float,
                     label: Callable[[tuple], str], start: float
                     ) -> Dict[tuple, dict]:
-    """Time ``jobs`` = [(key, model name, input)] in interleaved rounds.
-
-    First ``warmup`` untimed rounds, then ``repeats`` timed rounds; every
-    round runs every job once, and the order of the jobs rotates from round
-    to round, so that a drift of the machine's speed is shared by all.
-    """
-    runs = {key: dict(times=[], peaks=[], warmup_times=[], warmup_peaks=[])
-            for key, _, _ in jobs}
-    steps = {}
-    for _, name, _ in jobs:
-        if name not in steps:
-            set_mode(models[name], mode)
-            steps[name] = make_step(models[name], mode)
+    """``run_jobs`` for jobs = [(key, model name, input)], all in ``mode``;
+    the models are back in eval mode afterwards."""
+    names = list(dict.fromkeys(name for _, name, _ in jobs))
     try:
-        for r in range(warmup + repeats):
-            timed = r >= warmup
-            k = (r - warmup) % len(jobs) if timed else 0
-            for key, name, x in list(jobs[k:]) + list(jobs[:k]):
-                t, peak = timed_call(steps[name], x, device, mem_interval)
-                models[name].zero_grad(set_to_none=True)
-                entry = runs[key]
-                entry['times' if timed else 'warmup_times'].append(t)
-                entry['peaks' if timed else 'warmup_peaks'].append(peak)
-                which = (f'round {r - warmup + 1}/{repeats}' if timed
-                         else f'warm-up {r + 1}/{warmup}')
-                log(f'{label(key)}  {which}  {name:<15s} {t * 1e3:9.1f} ms',
-                    start)
+        for name in names:
+            set_mode(models[name], mode)
+        return run_jobs(
+            [model_job(key, name, models[name], x, mode)
+             for key, name, x in jobs],
+            repeats, warmup, device, mem_interval, label, start)
     finally:
-        for name in steps:
+        for name in names:
             set_mode(models[name], 'fwd')
-    return runs
 
 
 def summarize(runs: dict, batch: int, macs: Optional[int]) -> dict:
