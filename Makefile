@@ -2,19 +2,24 @@
 #   make demo   set up the environment, then run the main job
 #   make test   set up the environment, then run the test suite
 #   make env    only create or update the environment
+#   make mutation  plant known bugs in a temporary copy, one at a time, and
+#               check that the tests catch each (tools/mutation_check.py;
+#               minutes, not part of `make test` or CI)
 # VENV=/path/to/env points them at another environment (default: .venv).
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
+MUTATION_ARGS ?=
 
-.PHONY: help env test demo
+.PHONY: help env test demo mutation
 
 help:
 	@echo "make demo   - set up the environment ($(VENV)), then run tools/demo.py"
 	@echo "make test   - set up the environment ($(VENV)), then run the tests"
 	@echo "make env    - only create or update the environment"
+	@echo "make mutation - check that the tests catch planted bugs (minutes)"
 
 env:
 	VENV="$(VENV)" bash tools/setup_env.sh
@@ -24,3 +29,6 @@ test: env
 
 demo: env
 	$(PY) tools/demo.py $(DEMO_ARGS)
+
+mutation: env
+	$(PY) tools/mutation_check.py $(MUTATION_ARGS)

@@ -96,3 +96,30 @@ def test_absolute_position_embedding_equals_the_reference(gate, size):
     without = _assert_equal_to_reference(model, size)
     # the embedding changed the result (the comparison was not vacuous)
     assert not torch.allclose(ours[0], without[0], atol=1e-3)
+
+
+# ------------------------------------------------- large activations
+@pytest.mark.parametrize('gate', ['gqpe', 'lrpe', 'sgu'])
+def test_blocks_with_large_activations_equal_the_reference(gate):
+    """With the small random weights of ``randomize_`` the blocks' GELU sees
+    inputs of about +-0.1, where it is nearly linear: an approximate GELU
+    would pass every comparison. Here its inputs span several units."""
+    model = randomize_(PosMLP(TINY_ARCH, gate=gate, out_norm=False)).eval()
+    seen = []
+    for level in model.levels:
+        for block in level.encoder:
+            with torch.no_grad():
+                block.proj_c_e.weight.mul_(20.0)
+            # the reference calls proj_c_e as a module: note what GELU gets
+            block.proj_c_e.register_forward_hook(
+                lambda mod, args, out: seen.append(out.detach().abs().max()))
+    x = torch.randn(1, 3, 97, 161)
+    ours = level_maps(model, x)
+    with torch.no_grad():
+        ref = per_window_forward_levels(model, x)
+    assert min(seen) > 3.0, 'the GELU inputs are not large'
+    for level, (a, b) in enumerate(zip(ours, ref)):
+        scale = b.abs().max().item()
+        err = (a - b).abs().max().item()
+        assert err <= 1e-5 * max(1.0, scale), \
+            f'level {level}: max error {err:.3g} (largest value {scale:.3g})'

@@ -1,0 +1,304 @@
+#!/usr/bin/env python
+"""Plant small bugs, one at a time, and check that the tests catch each one.
+
+    python tools/mutation_check.py              # every mutation
+    python tools/mutation_check.py -k fsync     # those whose name has 'fsync'
+    python tools/mutation_check.py --list       # what would be planted
+
+The working tree (without .git, .venv and generated folders) is copied to a
+temporary folder; the repository itself is never modified. The tests of all
+mutations are first run on the unmodified copy: they must pass there, or no
+result would mean anything. Then each mutation replaces one exact snippet of
+one file in the copy, runs its own selection of tests there (``pytest -x``,
+the copy first on the import path, which is checked), and restores the file.
+
+A mutation is *caught* when its tests fail. A snippet that no longer occurs
+(the code changed since the mutation was written) is reported as
+``DOES NOT APPLY`` and counts as a failure of the check, as do a selection
+that collects no test and a test run that errors before running tests: a
+mutation list that silently stops applying would prove nothing.
+
+Prints a table (caught / missed, seconds per mutation) and exits 0 only if
+every mutation applied and was caught. Slow (a few minutes on two cores);
+run by ``make mutation``, not by the test suite.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import os.path as osp
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+# not copied: version control, environments, outputs of runs and demos
+SKIP_AT_ROOT = {'.git', '.venv', 'work_dirs', 'data', '.pytest_cache',
+                'build', 'dist'}
+SKIP_ANYWHERE = ('__pycache__', '*.pyc', '*.egg-info')
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str                 # file, relative to the repository root
+    original: str             # exact snippet; must occur exactly once
+    replacement: str
+    tests: Tuple[str, ...]    # pytest arguments: files, node ids, -k
+    forward: bool = False     # in the forward pass (re-target after rework)
+
+
+LOADING = 'tests/test_loading_across_windows.py'
+ATOMIC = 'tests/test_atomic_writes.py'
+GRADIENTS = 'tests/test_gradients.py'
+NUMERICS = 'tests/test_gate_numerics.py'
+
+MUTATIONS: List[Mutation] = [
+    # ------------------------------------------ loading, resizing, writing
+    Mutation(
+        'resized tensors silently not loaded (still reported)',
+        'posmlp_dense/checkpoint.py',
+        '    for key in report.unexpected:\n        weights.pop(key)\n',
+        '    for key in report.unexpected + [r[0] for r in report.resized]:\n'
+        '        weights.pop(key)\n',
+        (LOADING, '-k', 'every_resized or documented_resize')),
+    Mutation(
+        'LRPE table resized with the dy and dx axes swapped',
+        'posmlp_dense/relative_position.py',
+        '    return resize_grid_values(table, table_grid(src_window),\n'
+        '                              table_grid(dst_window))\n',
+        '    h, w = table_grid(src_window)\n'
+        '    swapped = table.reshape(h, w, -1).transpose(0, 1)'
+        '.reshape(h * w, -1)\n'
+        '    return resize_grid_values(swapped, (w, h),\n'
+        '                              table_grid(dst_window))\n',
+        (LOADING, '-k', 'ramps or documented_resize')),
+    Mutation(
+        'save_checkpoint writes in place (no temporary file + rename)',
+        'posmlp_dense/checkpoint.py',
+        '    atomic_io.atomic_write_bytes(data, path)\n',
+        "    with open(path, 'wb') as f:\n        f.write(data)\n",
+        (ATOMIC, '-k', 'save_checkpoint or converter')),
+    Mutation(
+        'atomic_write_bytes does not fsync the file',
+        'posmlp_dense/atomic_io.py',
+        '            os.fsync(f.fileno())\n',
+        '',
+        (ATOMIC, '-k', 'syncs')),
+    Mutation(
+        'atomic_write_bytes does not fsync the folder',
+        'posmlp_dense/atomic_io.py',
+        '    fsync_folder(folder)\n',
+        '',
+        (ATOMIC, '-k', 'syncs')),
+    Mutation(
+        "loading prefers 'state_dict' over the EMA weights",
+        'posmlp_dense/checkpoint.py',
+        "    entries = ('state_dict_ema', 'state_dict', 'model') "
+        "if which == 'ema'",
+        "    entries = ('state_dict', 'state_dict_ema', 'model') "
+        "if which == 'ema'",
+        ('tests/test_published_model.py', '-k', 'parity or ema_and_raw')),
+    Mutation(
+        'GQPE offset dy with the wrong sign (caught by the benchmark port)',
+        'posmlp_dense/relative_position.py',
+        '    dy = (ys[:, None] - ys[None, :]).float()\n',
+        '    dy = (ys[None, :] - ys[:, None]).float()\n',
+        ('tests/test_benchmark.py', '-k', 'published_port_matches')),
+    # ----------------------------------- forward pass (re-target after the
+    # rework of block.py, token_mixing.py, windows.py, gates/, backbone.py)
+    Mutation(
+        'mixing cache keyed without the parameters\' version counters',
+        'posmlp_dense/gates/base.py',
+        '        stamp = tuple((p._version, p.data_ptr()) for p in params)\n',
+        '        stamp = tuple(p.data_ptr() for p in params)\n',
+        (LOADING, '-k', 'after_use'), forward=True),
+    Mutation(
+        'isotropic GQPE score with the sign of the d2 term flipped',
+        'posmlp_dense/gates/gqpe.py',
+        'torch.stack([a * d1, a * d2, torch.full_like(d1, -0.5)],',
+        'torch.stack([a * d1, -a * d2, torch.full_like(d1, -0.5)],',
+        (NUMERICS, '-k', 'isotropic'), forward=True),
+    Mutation(
+        "block GELU is tanh-approximated (published: exact erf)",
+        'posmlp_dense/block.py',
+        '        self.act = nn.GELU()\n',
+        "        self.act = nn.GELU(approximate='tanh')\n",
+        (NUMERICS, '-k', 'large_activations'), forward=True),
+    Mutation(
+        'per-query bias dropped from the token mixing',
+        'posmlp_dense/token_mixing.py',
+        '    ones = u_r.new_ones(()).expand(groups, 1, windows, per_group)\n',
+        '    ones = u_r.new_zeros(()).expand(groups, 1, windows, per_group)\n',
+        (NUMERICS,), forward=True),
+    Mutation(
+        'mixing weights detached from autograd (forward unchanged)',
+        'posmlp_dense/token_mixing.py',
+        '        mixed = torch.bmm(_matching_dtype(mixing(run.key), cols),\n',
+        '        mixed = torch.bmm(_matching_dtype(mixing(run.key).detach(),'
+        ' cols),\n',
+        (GRADIENTS,), forward=True),
+    Mutation(
+        'channel k in group k // (K / groups) instead of k % groups',
+        'posmlp_dense/gates/posgu.py',
+        'torch.arange(channels).view(channels // groups, groups).t()',
+        'torch.arange(channels).view(groups, channels // groups)',
+        (NUMERICS,), forward=True),
+]
+
+
+# -------------------------------------------------------------- the copy
+def _ignore(folder, names):
+    skipped = set(shutil.ignore_patterns(*SKIP_ANYWHERE)(folder, names))
+    if osp.abspath(folder) == ROOT:
+        skipped |= SKIP_AT_ROOT & set(names)
+    return skipped
+
+
+def copy_repository(dest: str) -> str:
+    copy = osp.join(dest, 'repo')
+    shutil.copytree(ROOT, copy, ignore=_ignore, symlinks=True)
+    return copy
+
+
+def _env(copy: str) -> dict:
+    path = os.environ.get('PYTHONPATH', '')
+    return dict(os.environ, PYTHONDONTWRITEBYTECODE='1',
+                PYTHONPATH=os.pathsep.join([copy, path]) if path else copy)
+
+
+def check_imports_from(copy: str):
+    """The copy's package must be the one imported (not the checkout's
+    editable install)."""
+    out = subprocess.run(
+        [sys.executable, '-c',
+         'import posmlp_dense, os; print(os.path.realpath('
+         'posmlp_dense.__file__))'],
+        cwd=copy, env=_env(copy), capture_output=True, text=True)
+    where = out.stdout.strip()
+    if out.returncode or not where.startswith(osp.realpath(copy) + os.sep):
+        raise SystemExit(f'mutation_check: the copy does not import its own '
+                         f'posmlp_dense (got {where or out.stderr!r})')
+
+
+def run_tests(copy: str, tests: Sequence[str], timeout: float
+              ) -> Tuple[int, float, str]:
+    """(pytest exit code, seconds, output tail); -1 on timeout."""
+    cmd = [sys.executable, '-m', 'pytest', '-x', '-q', '-p',
+           'no:cacheprovider', *tests]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=copy, env=_env(copy),
+                              capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return -1, time.perf_counter() - start, 'timed out'
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    return proc.returncode, time.perf_counter() - start, '\n'.join(out[-15:])
+
+
+# ---------------------------------------------------------- one mutation
+# pytest's exit codes: 0 passed, 1 tests failed, 2 interrupted (e.g. a
+# collection error), 3 internal error, 4 usage error, 5 no tests collected
+VERDICTS = {0: 'MISSED', 1: 'caught', 5: 'NO TESTS SELECTED', -1: 'TIMEOUT'}
+
+
+def apply_and_test(copy: str, mutation: Mutation, timeout: float
+                   ) -> Tuple[str, float, str]:
+    path = osp.join(copy, mutation.path)
+    if not osp.isfile(path):
+        return 'DOES NOT APPLY (file missing)', 0.0, ''
+    with open(path, encoding='utf-8') as f:
+        source = f.read()
+    count = source.count(mutation.original)
+    if count != 1:
+        what = 'snippet not found' if count == 0 \
+            else f'snippet found {count} times'
+        return f'DOES NOT APPLY ({what})', 0.0, ''
+    try:
+        with open(path, 'w', encoding='utf-8') as f:
+            f.write(source.replace(mutation.original, mutation.replacement))
+        code, seconds, tail = run_tests(copy, mutation.tests, timeout)
+    finally:
+        with open(path, 'w', encoding='utf-8') as f:
+            f.write(source)
+    verdict = VERDICTS.get(code, f'ERROR (pytest exit code {code})')
+    return verdict, seconds, tail
+
+
+def _cell(text: str) -> str:
+    return text.replace('|', '\\|').replace('\n', ' ')
+
+
+def table(rows) -> str:
+    lines = ['| # | planted bug | file | tests | result | s |',
+             '|---|---|---|---|---|---|']
+    for i, (m, verdict, seconds) in enumerate(rows, 1):
+        lines.append(f'| {i} | {_cell(m.name)}'
+                     f'{" (forward pass)" if m.forward else ""} | '
+                     f'{m.path} | {_cell(" ".join(m.tests))} | {verdict} | '
+                     f'{seconds:.0f} |')
+    return '\n'.join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('-k', dest='select', default=None,
+                        help='only mutations whose name contains this text')
+    parser.add_argument('--list', action='store_true',
+                        help='list the mutations and exit')
+    parser.add_argument('--timeout', type=float, default=900,
+                        help='seconds per test run (default 900)')
+    parser.add_argument('-v', '--verbose', action='store_true',
+                        help='print the end of the test output of each run')
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    mutations = [m for m in MUTATIONS
+                 if args.select is None or args.select in m.name]
+    if not mutations:
+        print(f'no mutation name contains {args.select!r}', file=sys.stderr)
+        return 2
+    if args.list:
+        for m in mutations:
+            print(f'{m.name}\n    {m.path}; tests: {" ".join(m.tests)}')
+        return 0
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix='posmlp-mutation-') as tmp:
+        copy = copy_repository(tmp)
+        check_imports_from(copy)
+        print(f'copied {ROOT} to {copy}', flush=True)
+        # the selections must pass before anything is planted
+        selections = sorted({tuple(m.tests) for m in mutations})
+        for tests in selections:
+            code, seconds, tail = run_tests(copy, tests, args.timeout)
+            print(f'baseline  {" ".join(tests)}: exit code {code} '
+                  f'({seconds:.0f} s)', flush=True)
+            if code != 0:
+                print(tail)
+                print('mutation_check: the tests fail without any mutation; '
+                      'fix them first', file=sys.stderr)
+                return 2
+        rows = []
+        for m in mutations:
+            verdict, seconds, tail = apply_and_test(copy, m, args.timeout)
+            print(f'{verdict:>10}  {m.name} ({seconds:.0f} s)', flush=True)
+            if args.verbose and tail:
+                print('    ' + tail.replace('\n', '\n    '))
+            rows.append((m, verdict, seconds))
+    print()
+    print(table(rows))
+    caught = sum(v == 'caught' for _, v, _ in rows)
+    print(f'\n{caught} of {len(rows)} planted bugs caught; '
+          f'{time.perf_counter() - start:.0f} s in all')
+    return 0 if caught == len(rows) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
