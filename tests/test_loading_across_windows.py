@@ -18,7 +18,9 @@ Every real loading path is covered: a plain ``load_state_dict``,
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+import os.path as osp
 
 import pytest
 import torch
@@ -32,6 +34,7 @@ from reference import lrpe_weights, per_window_forward_levels
 ARCH = dict(embed_dims=(8, 16, 32, 64), depths=(1, 1, 1, 1),
             mlp_ratio=(4, 4, 4, 2), gamma=(4, 8, 16, 32),
             window_size=(7, 7, 7, 7))
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TABLE = 'window_relative_position_bias_table'
 BIAS = 'token_proj_n_bias'
 PATHS = ('load_state_dict', 'load_pretrained', 'init_cfg')
@@ -293,3 +296,29 @@ def test_model_loaded_after_use_computes_the_reference(gate, src, dst):
         err = (a - b).abs().max().item()
         assert err <= 1e-5, f'level {level}: max error {err:.3g}'
     assert not torch.allclose(before[0], ours[0])
+
+
+# --------------------------------------------- the converter, another path
+def test_converter_resizes_for_other_windows_as_documented(tmp_path):
+    """tools/convert_checkpoint.py --window-size: the written tables and
+    biases are the released ones resized by the documented convention."""
+    spec = importlib.util.spec_from_file_location(
+        'convert_checkpoint', osp.join(ROOT, 'tools', 'convert_checkpoint.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    src = fixture_path('tiny_lrpe_official.pth')
+    dst = str(tmp_path / 'w5.safetensors')
+    assert tool.main([src, dst, '--window-size', '5']) == 0
+    written = read_checkpoint(dst)
+    released = read_checkpoint(src)['state_dict_ema']
+    windows = fixture_arch('lrpe')['window_size']
+    checked = 0
+    for key, value in released.items():
+        if key.endswith((TABLE, BIAS)):
+            w = windows[int(key.split('.')[1])]
+            want = expected_table(value, (w, w), (5, 5)) \
+                if key.endswith(TABLE) else expected_bias(value, (w, w),
+                                                           (5, 5))
+            assert torch.allclose(written[key].double(), want, atol=1e-6), key
+            checked += 1
+    assert checked == 2 * sum(fixture_arch('lrpe')['depths'])
