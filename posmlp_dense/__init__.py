@@ -15,7 +15,7 @@ from .archs import ARCH_SETTINGS
 from .backbone import PosMLP
 from .checkpoint import (CheckpointError, LoadReport, load_pretrained,
                          read_checkpoint, save_checkpoint)
-from .classifier import PosMLPClassifier, create_classifier
+from .classifier import PosMLPClassifier, create_posmlp_classifier
 from .optional_deps import is_installed
 from . import timm_models  # noqa: F401  (registers posmlp_t/s/b in timm)
 
@@ -26,5 +26,5 @@ if is_installed('mmengine'):
     _register_openmmlab()
 
 __all__ = ['__version__', 'ARCH_SETTINGS', 'PosMLP', 'PosMLPClassifier',
-           'create_classifier', 'load_pretrained', 'read_checkpoint',
+           'create_posmlp_classifier', 'load_pretrained', 'read_checkpoint',
            'save_checkpoint', 'CheckpointError', 'LoadReport']

@@ -6,7 +6,7 @@ import logging
 import pytest
 import torch
 
-from posmlp_dense import PosMLP, create_classifier, load_pretrained
+from posmlp_dense import PosMLP, create_posmlp_classifier, load_pretrained
 from posmlp_dense.gates import GateUnit
 from posmlp_dense.relative_position import (infer_window, resize_position_bias,
                                             resize_relative_table)
@@ -166,9 +166,11 @@ def test_checkpoint_of_another_window_is_resized_on_load(gate, src, dst,
 
 @pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
 def test_same_window_loading_is_bit_identical(gate):
-    model = create_classifier(fixture_arch(gate), gate=gate, num_classes=10)
+    model = create_posmlp_classifier(fixture_arch(gate), gate=gate,
+                                     num_classes=10)
     load_pretrained(model, fixture_path(f'tiny_{gate}_official.pth'))
-    clone = create_classifier(fixture_arch(gate), gate=gate, num_classes=10)
+    clone = create_posmlp_classifier(fixture_arch(gate), gate=gate,
+                                     num_classes=10)
     clone.load_state_dict(model.state_dict())
     for key, value in model.state_dict().items():
         assert torch.equal(value, clone.state_dict()[key]), key

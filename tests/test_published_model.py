@@ -7,7 +7,7 @@ import pytest
 import timm
 import torch
 
-from posmlp_dense import (CheckpointError, PosMLP, create_classifier,
+from posmlp_dense import (CheckpointError, PosMLP, create_posmlp_classifier,
                           load_pretrained)
 from posmlp_dense.checkpoint import read_checkpoint
 
@@ -26,7 +26,7 @@ def _official():
 def test_keys_and_parameter_counts_match_release(name):
     spec = _official()[name]
     _, arch, gate = name.split('_')
-    model = create_classifier(arch, gate=gate)
+    model = create_posmlp_classifier(arch, gate=gate)
     ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     theirs = {k: tuple(v) for k, v in spec['keys'].items()
               if k.rsplit('.', 1)[-1] not in DERIVED}
@@ -35,15 +35,16 @@ def test_keys_and_parameter_counts_match_release(name):
 
 
 def test_posmlp_t_gqpe_has_published_parameter_count():
-    model = create_classifier('t', gate='gqpe')
+    model = create_posmlp_classifier('t', gate='gqpe')
     assert sum(p.numel() for p in model.parameters()) == 20_925_538
 
 
 @pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
 def test_parity_with_published_outputs(gate):
     exp = expected(gate)
-    model = create_classifier(fixture_arch(gate), gate=gate,
-                              num_classes=exp['arch']['num_classes']).eval()
+    model = create_posmlp_classifier(
+        fixture_arch(gate), gate=gate,
+        num_classes=exp['arch']['num_classes']).eval()
     report = load_pretrained(model, fixture_path(f'tiny_{gate}_official.pth'))
     assert report.entry == 'state_dict_ema'
     assert report.missing == [] and report.unexpected == []
@@ -80,7 +81,8 @@ def test_backbone_reproduces_published_stages(gate):
 def test_parity_at_other_tiled_sizes(gate, size):
     """Where windows tile every level, we compute what the published code
     computes (re-implemented plainly in tests/reference.py)."""
-    model = create_classifier(fixture_arch(gate), gate=gate, num_classes=10)
+    model = create_posmlp_classifier(fixture_arch(gate), gate=gate,
+                                     num_classes=10)
     load_pretrained(model, fixture_path(f'tiny_{gate}_official.pth'))
     model.eval()
     x = torch.randn(1, 3, *size)
@@ -94,7 +96,8 @@ def test_parity_at_other_tiled_sizes(gate, size):
 
 @pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
 def test_each_sample_independent_of_its_batch(gate):
-    model = create_classifier(fixture_arch(gate), gate=gate, num_classes=10)
+    model = create_posmlp_classifier(fixture_arch(gate), gate=gate,
+                                     num_classes=10)
     load_pretrained(model, fixture_path(f'tiny_{gate}_official.pth'))
     model.eval()
     x = torch.randn(3, 3, 224, 224)
@@ -112,7 +115,7 @@ def test_ema_and_raw_weights_are_chosen_as_asked():
     assert not torch.equal(ckpt['state_dict'][key],
                            ckpt['state_dict_ema'][key])
     for which, entry in (('ema', 'state_dict_ema'), ('raw', 'state_dict')):
-        model = create_classifier(fixture_arch('gqpe'), num_classes=10)
+        model = create_posmlp_classifier(fixture_arch('gqpe'), num_classes=10)
         report = load_pretrained(model, fixture_path('tiny_gqpe_official.pth'),
                                  which=which)
         assert report.entry == entry
@@ -125,8 +128,8 @@ def test_module_prefix_from_distributed_training_is_stripped(tmp_path):
                               for k, v in ckpt['state_dict'].items()}}
     path = tmp_path / 'ddp.pth'
     torch.save(wrapped, path)
-    model = create_classifier(fixture_arch('lrpe'), gate='lrpe',
-                              num_classes=10)
+    model = create_posmlp_classifier(fixture_arch('lrpe'), gate='lrpe',
+                                     num_classes=10)
     report = load_pretrained(model, str(path))
     assert report.missing == [] and report.unexpected == []
     key = 'levels.2.encoder.1.gate_unit.pos.window_relative_position_bias_table'
@@ -147,7 +150,8 @@ def test_backward_reaches_every_parameter(gate):
 
 
 def test_wrong_architecture_is_refused_with_names():
-    model = create_classifier(fixture_arch('gqpe'), gate='lrpe', num_classes=10)
+    model = create_posmlp_classifier(fixture_arch('gqpe'), gate='lrpe',
+                                     num_classes=10)
     with pytest.raises(CheckpointError) as err:
         load_pretrained(model, fixture_path('tiny_gqpe_official.pth'))
     text = str(err.value)
