@@ -238,12 +238,13 @@ class PosMLPClassifier(PosMLP):
 
         PosMLP needs no resizing to run at another size: each level cuts
         whatever map reaches it into windows (partial windows at the
-        borders), and the position encodings depend on the window, not on
-        the image. The size is recorded where timm reads a model's current
-        input size (``timm.models.get_model_input_config``, reconstruction
-        arguments); ``pretrained_cfg`` keeps describing the released weights
-        (trained at 224), as in timm's own models. None keeps the current
-        size.
+        borders), the position encodings depend on the window, not on the
+        image, and the optional absolute position embedding (``ape``) is
+        resized to every input anyway. The size is recorded where timm
+        reads a model's current input size
+        (``timm.models.get_model_input_config``, reconstruction arguments);
+        ``pretrained_cfg`` keeps describing the released weights (trained
+        at 224), as in timm's own models. None keeps the current size.
         """
         if img_size is None:
             return
