@@ -117,13 +117,21 @@ def build_backbone(args):
 def build_segmentor_logits(args):
     from posmlp_dense.export import SegmentorLogits, build_segmentor
     segmentor = build_segmentor(args.config, args.checkpoint)
+    # what the graph's input must be: images as mmseg's data preprocessor
+    # hands them to the model (the preprocessing is not part of the graph)
     pre = segmentor.data_preprocessor
-    if getattr(pre, '_enable_normalize', False):
-        mean = [round(float(v), 3) for v in pre.mean.flatten()]
-        std = [round(float(v), 3) for v in pre.std.flatten()]
+    conversion = 'with' if getattr(pre, 'channel_conversion', False) \
+        else 'without'
+    mean, std = getattr(pre, 'mean', None), getattr(pre, 'std', None)
+    if mean is not None and std is not None:
+        mean = [round(float(v), 3) for v in mean.flatten()]
+        std = [round(float(v), 3) for v in std.flatten()]
         print(f'input: images normalized as the config does (mean {mean}, '
-              f'std {std}, BGR->RGB {pre._channel_conversion}); output: '
-              f'decode-head logits at its stride')
+              f'std {std}, {conversion} BGR->RGB); output: decode-head '
+              f'logits at its stride')
+    else:
+        print(f'input: unnormalized images ({conversion} BGR->RGB); '
+              f'output: decode-head logits at its stride')
     name = f'{type(segmentor).__name__} of {osp.basename(args.config)}'
     return SegmentorLogits(segmentor).eval(), name, ['logits']
 
