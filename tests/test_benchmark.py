@@ -195,16 +195,14 @@ DETECTOR_SHAPE = (1, 64, 96)
 
 
 def test_benchmark_training_rows_tiny(bench, tmp_path, one_thread):
-    """--training-only: backbone steps with and without with_cp and the two
-    RetinaNets, measured in this process (the fresh-process measurement
-    has its own test)."""
+    """--training-only: backbone steps with and without with_cp, measured
+    in this process (the fresh-process measurement has its own test)."""
     out = tmp_path / 'train.json'
     report = bench.main([
         '--device', 'cpu', '--training-only', '--posmlp-arch',
         json.dumps(ARCH), '--train-models', 'posmlp_t,swin_t',
         '--train-shapes', 'x'.join(map(str, TRAIN_SHAPE)),
-        '--train-cp', 'off,on', '--detectors', 'posmlp_t,swin_t',
-        '--detector-shape', 'x'.join(map(str, DETECTOR_SHAPE)),
+        '--train-cp', 'off,on', '--detectors', 'none',
         '--train-repeats', '1', '--train-warmup', '0',
         '--train-memory', 'inprocess', '--calib-size', '256',
         '--out', str(out)])
@@ -213,38 +211,59 @@ def test_benchmark_training_rows_tiny(bench, tmp_path, one_thread):
     assert 'port_check' not in data
     # nothing to draw without inference rows
     assert 'chart' not in report['files']
-    rows = {(r['kind'], r['model'], r['with_cp']): r
-            for r in data['training']}
-    assert set(rows) == {
-        ('backbone', 'posmlp_t', False), ('backbone', 'posmlp_t', True),
-        ('backbone', 'swin_t', False), ('backbone', 'swin_t', True),
-        ('detector', 'posmlp_t', False), ('detector', 'posmlp_t', True),
-        ('detector', 'swin_t', False), ('detector', 'swin_t', True)}
+    rows = {(r['model'], r['with_cp']): r for r in data['training']}
+    assert set(rows) == {('posmlp_t', False), ('posmlp_t', True),
+                         ('swin_t', False), ('swin_t', True)}
     for key, r in rows.items():
-        shape = TRAIN_SHAPE if key[0] == 'backbone' else DETECTOR_SHAPE
-        assert r['shape'] == list(shape), key
+        assert r['kind'] == 'backbone' and r['shape'] == list(TRAIN_SHAPE)
         assert len(r['times']) == 1 and r['median_s'] > 0, key
         assert r['memory'] == 'inprocess' and r['peak_mb'] is not None
+        assert r['peak_first_step_mb'] is None  # only a fresh process has it
         assert r['saved_activation_mb_per_image'] > 0, key
         assert r['params'] > 0
-    for kind in ('backbone', 'detector'):
-        for model in ('posmlp_t', 'swin_t'):
-            # checkpointing keeps fewer activations for the backward
-            assert (rows[kind, model, True]['saved_activation_mb_per_image']
-                    < rows[kind, model, False]
-                    ['saved_activation_mb_per_image']), (kind, model)
     for model in ('posmlp_t', 'swin_t'):
-        det = rows['detector', model, False]
-        assert 0 < det['backbone_params'] < det['params']
+        # checkpointing keeps fewer activations for the backward
+        assert (rows[model, True]['saved_activation_mb_per_image']
+                < rows[model, False]['saved_activation_mb_per_image']), model
     targets = data['targets']['training']
-    assert {(e['kind'], e['with_cp']) for e in targets} == {
-        ('backbone', False), ('backbone', True), ('detector', False),
-        ('detector', True)}
+    assert [e['with_cp'] for e in targets] == [False, True]
     for e in targets:
-        assert e['time_ratio'] > 0 and e['saved_ratio'] > 0
-        assert ('met' in e) == (e['kind'] == 'backbone')
+        assert e['kind'] == 'backbone' and e['time_ratio'] > 0
+        swin = rows['swin_t', e['with_cp']]['saved_activation_mb_per_image']
+        assert e['saved_ratio'] == pytest.approx(
+            rows['posmlp_t', e['with_cp']]['saved_activation_mb_per_image']
+            / swin)
+        assert 'met' in e  # backbone steps have a target
     md = (tmp_path / 'train.md').read_text()
-    assert '### Training cost' in md and 'RetinaNet-Swin-T (with_cp)' in md
+    assert '### Training cost' in md and '| backbone | Swin-T (with_cp) |' in md
+
+
+def test_benchmark_detector_iteration_tiny(bench, tmp_path, one_thread):
+    """RetinaNet-PosMLP (tiny arch) and RetinaNet-Swin-T: one whole
+    train_step each, measured in this process."""
+    out = tmp_path / 'det.json'
+    bench.main([
+        '--device', 'cpu', '--training-only', '--posmlp-arch',
+        json.dumps(ARCH), '--train-models', 'none', '--train-cp', 'off',
+        '--detectors', 'posmlp_t,swin_t',
+        '--detector-shape', 'x'.join(map(str, DETECTOR_SHAPE)),
+        '--train-repeats', '1', '--train-warmup', '0',
+        '--train-memory', 'inprocess', '--calib-size', '256',
+        '--out', str(out)])
+    data = json.loads(out.read_text())
+    rows = {r['model']: r for r in data['training']}
+    assert set(rows) == {'posmlp_t', 'swin_t'}
+    for r in rows.values():
+        assert r['kind'] == 'detector' and not r['with_cp']
+        assert r['shape'] == list(DETECTOR_SHAPE) and r['median_s'] > 0
+        assert r['saved_activation_mb_per_image'] > 0
+        assert r['peak_mb'] is not None
+        # a detector is its backbone, an FPN and a RetinaNet head
+        assert 0 < r['backbone_params'] < r['params']
+    (e,) = data['targets']['training']
+    assert e['kind'] == 'detector' and e['time_ratio'] > 0
+    assert 'met' not in e  # reported, no target
+    assert 'RetinaNet-Swin-T' in (tmp_path / 'det.md').read_text()
 
 
 def test_retinanets_differ_by_their_backbones_only():

@@ -197,11 +197,11 @@ def test_mmcv_roi_align_on_cuda_matches_cpu(full_fp32):
     align = ops.RoIAlign((7, 7), spatial_scale=0.25, sampling_ratio=2,
                          aligned=True)
     results = {}
-    for device in (torch.device('cpu'), CUDA):
+    for which, device in (('cpu', torch.device('cpu')), ('cuda', CUDA)):
         feats = features.to(device).requires_grad_()
         out = align(feats, rois.to(device))
         out.square().sum().backward()
-        results[device.type] = (out.detach().cpu(), feats.grad.cpu())
+        results[which] = (out.detach().cpu(), feats.grad.cpu())
     assert results['cuda'][0].abs().sum() > 0
     torch.testing.assert_close(results['cuda'][0], results['cpu'][0],
                                rtol=1e-5, atol=1e-5)

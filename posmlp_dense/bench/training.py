@@ -40,7 +40,8 @@ KINDS = ('backbone', 'detector')
 DETECTOR_BACKBONES = ('posmlp_t', 'swin_t')
 DETECTOR_LABELS = {'posmlp_t': 'RetinaNet-PosMLP-T',
                    'swin_t': 'RetinaNet-Swin-T'}
-SWIN_RETINANET_CONFIG = 'mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py'
+# mmdet's RetinaNet-Swin-T config, among the configs its package ships
+SWIN_RETINANET_CONFIG = 'swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py'
 MEMORY_MODES = ('fresh', 'inprocess', 'none')
 # Ground-truth boxes per synthetic image.
 NUM_BOXES = 8
@@ -88,9 +89,15 @@ def build_detector(backbone: str, with_cp: bool = False,
     (same settings as ``configs/retinanet_posmlp_t_fpn_1x_coco.py``);
     random weights, initialized by ``init_weights`` (the head's prior
     bias as in training). ``posmlp_arch`` replaces PosMLP-T's arch."""
+    import mmdet
     from mmengine.config import Config
     import posmlp_dense  # noqa: F401  (registers PosMLP with mmdet)
-    cfg = Config.fromfile(SWIN_RETINANET_CONFIG).model
+    path = os.path.join(os.path.dirname(mmdet.__file__), '.mim', 'configs',
+                        SWIN_RETINANET_CONFIG)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f'mmdet {mmdet.__version__} ships no '
+                                f'{SWIN_RETINANET_CONFIG} (looked in {path})')
+    cfg = Config.fromfile(path).model
     if backbone == 'posmlp_t':
         cfg.backbone = dict(type='PosMLP', arch=posmlp_arch or 't',
                             gate='gqpe', out_indices=(1, 2, 3),
