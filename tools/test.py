@@ -11,7 +11,7 @@ import json
 import os
 import os.path as osp
 
-from posmlp_dense.openmmlab.runtime import launch
+from posmlp_dense.openmmlab.runtime import launch, preflight
 
 
 def parse_args():
@@ -25,6 +25,9 @@ def parse_args():
     parser.add_argument('--show-dir', help='save pictures of the '
                         'predictions in this folder')
     launch.add_common_arguments(parser)
+    parser.add_argument('--skip-preflight', action='store_true',
+                        help='do not check first that the data and '
+                        'checkpoints the config names exist')
     return parser.parse_args()
 
 
@@ -33,6 +36,8 @@ def main():
     launch.set_local_rank(args.local_rank)
     cfg = launch.load_config(args.config, args.cfg_options, args.work_dir,
                              args.launcher)
+    if not args.skip_preflight:  # every missing file at once, exit status 2
+        preflight.run(cfg, args.config, 'test', checkpoint=args.checkpoint)
     if args.checkpoint is not None and not osp.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
     cfg.load_from = args.checkpoint

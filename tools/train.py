@@ -10,7 +10,7 @@ tools/dist_train.sh and tools/slurm_train.sh (``--launcher pytorch|slurm``).
 """
 import argparse
 
-from posmlp_dense.openmmlab.runtime import launch
+from posmlp_dense.openmmlab.runtime import launch, preflight
 
 
 def parse_args():
@@ -27,6 +27,9 @@ def parse_args():
                         help="scale the LR with the total batch size "
                         "(needs the config's auto_scale_lr)")
     launch.add_common_arguments(parser)
+    parser.add_argument('--skip-preflight', action='store_true',
+                        help='do not check first that the data and '
+                        'checkpoints the config names exist')
     return parser.parse_args()
 
 
@@ -35,6 +38,8 @@ def main():
     launch.set_local_rank(args.local_rank)
     cfg = launch.load_config(args.config, args.cfg_options, args.work_dir,
                              args.launcher)
+    if not args.skip_preflight:  # every missing file at once, exit status 2
+        preflight.run(cfg, args.config, 'train', resume=args.resume)
     if args.amp:
         launch.enable_amp(cfg)
     if args.auto_scale_lr:
