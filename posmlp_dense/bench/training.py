@@ -253,7 +253,8 @@ def run_training(cases: Sequence[TrainingCase], repeats: int, warmup: int,
                 row['peak_first_step_mb'] = None  # not the process's first
                 log_footprint(row, start)
             rows.append(row)
-        del built, runs
+        # free this group's models before the next group or a fresh process
+        del built, runs, job, model
         if device.type == 'cuda':
             torch.cuda.empty_cache()
         if memory == 'fresh':
