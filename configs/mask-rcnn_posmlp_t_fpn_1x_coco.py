@@ -1,6 +1,10 @@
+# Mask R-CNN with a PosMLP-T backbone on COCO: mmdet's Mask R-CNN R-50 1x
+# (the same bases) with the backbone swapped, AdamW and a longer warm-up.
 _base_ = [
-    'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
-    './_base_/posmlp_runtime.py',
+    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
+    'mmdet::_base_/datasets/coco_instance.py',
+    './_base_/schedules/posmlp_adamw_1x.py',
+    './_base_/posmlp_det_runtime.py',
 ]
 pretrained = 'checkpoints/posmlp_t_imagenet.pth'  # noqa
 
@@ -28,14 +32,3 @@ param_scheduler = [
         milestones=[8, 11],
         gamma=0.1)
 ]
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(
-        type='AdamW', lr=0.0001, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=_base_.posmlp_paramwise_cfg)
-
-# Checkpoints are written to a temporary file and renamed into place, so a
-# run killed mid-write never leaves a partial epoch_N.pth / iter_N.pth.
-default_hooks = dict(
-    checkpoint=dict(backend_args=dict(backend='local_atomic')))

@@ -1,6 +1,11 @@
+# RetinaNet with a PosMLP-T backbone on COCO: mmdet's RetinaNet R-50 1x
+# (the same bases) with the backbone swapped and AdamW.
 _base_ = [
-    'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
-    './_base_/posmlp_runtime.py',
+    'mmdet::_base_/models/retinanet_r50_fpn.py',
+    'mmdet::_base_/datasets/coco_detection.py',
+    'mmdet::retinanet/retinanet_tta.py',
+    './_base_/schedules/posmlp_adamw_1x.py',
+    './_base_/posmlp_det_runtime.py',
 ]
 # The released ImageNet checkpoint of PosMLP-T, as the authors publish it
 # (it is read as it is: EMA weights, head dropped, tables resized if needed).
@@ -16,15 +21,3 @@ model = dict(
         drop_path_rate=0.2,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     neck=dict(in_channels=[192, 384, 768], start_level=0, num_outs=5))
-
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(
-        type='AdamW', lr=0.0001, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=_base_.posmlp_paramwise_cfg)
-
-# Checkpoints are written to a temporary file and renamed into place, so a
-# run killed mid-write never leaves a partial epoch_N.pth / iter_N.pth.
-default_hooks = dict(
-    checkpoint=dict(backend_args=dict(backend='local_atomic')))

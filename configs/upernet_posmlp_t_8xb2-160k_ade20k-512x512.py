@@ -1,11 +1,18 @@
-# UperNet with a PosMLP-T backbone on ADE20K, 160k iterations (Swin's recipe).
+# UperNet with a PosMLP-T backbone on ADE20K: mmseg's Swin-T UperNet (the
+# same bases and the same 160k-iteration AdamW recipe) with the backbone
+# swapped.
 _base_ = [
-    'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',  # noqa
-    './_base_/posmlp_runtime.py',
+    'mmseg::_base_/models/upernet_swin.py',
+    'mmseg::_base_/datasets/ade20k.py',
+    './_base_/schedules/posmlp_adamw_160k.py',
+    './_base_/posmlp_seg_runtime.py',
 ]
+crop_size = (512, 512)
+data_preprocessor = dict(size=crop_size)
 pretrained = 'checkpoints/posmlp_t_imagenet.pth'  # noqa
 
 model = dict(
+    data_preprocessor=data_preprocessor,
     pretrained=None,
     backbone=dict(
         _delete_=True,
@@ -18,14 +25,7 @@ model = dict(
     decode_head=dict(in_channels=[96, 192, 384, 768], num_classes=150),
     auxiliary_head=dict(in_channels=384, num_classes=150))
 
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(
-        type='AdamW', lr=0.00006, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=_base_.posmlp_paramwise_cfg)
-
-# Checkpoints are written to a temporary file and renamed into place, so a
-# run killed mid-write never leaves a partial epoch_N.pth / iter_N.pth.
-default_hooks = dict(
-    checkpoint=dict(backend_args=dict(backend='local_atomic')))
+# 8 GPUs with 2 images each, as Swin's
+train_dataloader = dict(batch_size=2)
+val_dataloader = dict(batch_size=1)
+test_dataloader = val_dataloader

@@ -8,7 +8,9 @@ Plain PyTorch use needs only torch and timm::
 
 Importing the package also registers ``PosMLP`` in the mmdet and mmseg model
 registries when those frameworks are installed (``posmlp_dense/openmmlab/``), and
-the timm models ``posmlp_t``, ``posmlp_s`` and ``posmlp_b``.
+the timm models ``posmlp_t``, ``posmlp_s`` and ``posmlp_b``; nothing else. The
+mmengine training runtime (atomic checkpoints, safe checkpoint loading, CPU
+DDP) is opt-in: ``posmlp_dense.openmmlab.runtime``.
 """
 from .version import __version__
 from .archs import ARCH_SETTINGS

@@ -386,8 +386,8 @@ def _payloads(marker):
 def _getattr_chain_pickle() -> bytes:
     """``().__class__.__base__.__subclasses__()`` built with getattr only.
 
-    ``getattr`` is on the allowlist (mmengine's checkpoints need it), so the
-    lookups run; the final call of a non-allowlisted function must not.
+    mmengine's loader allows ``getattr`` (its checkpoints need it), so there
+    the lookups run; the final call of a non-allowlisted function must not.
     """
     def text(s):
         data = s.encode()
@@ -440,17 +440,27 @@ def test_the_payloads_are_live(tmp_path):
 def test_getattr_chain_cannot_call_anything(tmp_path):
     path = tmp_path / 'chain.pth'
     path.write_bytes(_getattr_chain_pickle())
+    # the package's reader does not allow getattr at all
+    with pytest.raises(CheckpointError,
+                       match=r'refused to load .* they were not run\. Detail: '
+                             r'Unsupported global: GLOBAL getattr'):
+        read_checkpoint(str(path))
+    # mmengine's loader (the opt-in runtime) allows it: the lookups run, the
+    # final call of a function that is not allowlisted does not
+    pytest.importorskip('mmengine')
+    from posmlp_dense.openmmlab.runtime import load_from_local_weights_only
     with pytest.raises(CheckpointError,
                        match=r'refused to load .* they were not run\. Detail: '
                              r'Trying to call reduce for unrecognized '
                              r'function'):
-        read_checkpoint(str(path))
+        load_from_local_weights_only(str(path))
 
 
 def test_mmengine_loader_refuses_pickled_code(tmp_path):
     """Resume/load_from in an OpenMMLab run read files safely as well."""
     pytest.importorskip('mmengine')
-    import posmlp_dense  # noqa: F401  (installs the safe loader)
+    # the opt-in runtime registers mmengine's safe local loader
+    import posmlp_dense.openmmlab.runtime  # noqa: F401
     from mmengine.runner.checkpoint import _load_checkpoint
     marker = tmp_path / 'MARKER'
     path = str(tmp_path / 'evil_run.pth')
@@ -467,7 +477,8 @@ def test_resume_from_a_truncated_run_checkpoint_names_the_problem(tmp_path):
     """--resume / load_from go through mmengine's loader, which reads with
     the package's checked reader: a cut-off file is named as such."""
     pytest.importorskip('mmengine')
-    import posmlp_dense  # noqa: F401  (installs the safe loader)
+    # the opt-in runtime registers mmengine's safe local loader
+    import posmlp_dense.openmmlab.runtime  # noqa: F401
     from mmengine.runner.checkpoint import _load_checkpoint
     path = tmp_path / 'epoch_3.pth'
     torch.save({'meta': {'epoch': 3}, 'state_dict': {'w': torch.ones(256)}},

@@ -9,9 +9,10 @@
   algorithms on, one thread).
 * A checkpoint (or the ``last_checkpoint`` marker) being written when the
   kill lands never appears under its final name and never becomes the
-  latest one: the ``local_atomic`` file backend and the atomic marker leave
-  the previous file intact. The same kill on mmengine's plain writes leaves
-  a half-written file under the final name (the controls).
+  latest one: the ``local_atomic`` file backend and ``AtomicCheckpointHook``
+  (the opt-in runtime the shipped configs name) leave the previous file
+  intact. The same kill on mmengine's plain writes leaves a half-written
+  file under the final name (the controls).
 
 Kills are placed exactly: a hook (written to a temporary module) stops the
 run at the chosen point and waits; the test then sends SIGKILL to the run's
@@ -37,14 +38,14 @@ from mmengine.config import Config  # noqa: E402
 from mmengine.runner.checkpoint import (_load_checkpoint,  # noqa: E402
                                         find_latest_checkpoint)
 
+from posmlp_dense import atomic_io  # noqa: E402
 from posmlp_dense.data import shapes as demo_data  # noqa: E402
-from posmlp_dense.openmmlab.runtime import atomic_checkpoints  # noqa: E402
+from posmlp_dense.openmmlab.runtime import (  # noqa: E402
+    AtomicCheckpointHook, AtomicLocalBackend)
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO_DET = osp.join(ROOT, 'configs', 'demo',
                     'retinanet_posmlp_t_fpn_demo-shapes.py')
-ATOMIC_MODULE = osp.join(ROOT, 'posmlp_dense', 'openmmlab', 'runtime',
-                         'atomic_checkpoints.py')
 EPOCHS = 3
 WAIT_S = 600  # generous: the machine may be shared and slow
 
@@ -134,36 +135,33 @@ class KillPoint(Hook):
 # Writes through one of the backends / marker writers and is killed
 # half-way through the data.
 WRITER = r'''
-import importlib.util
 import sys
 
 import kill_point
 
-case, target, ready, root = sys.argv[1:5]
-spec = importlib.util.spec_from_file_location('atomic_checkpoints', root)
-atomic = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(atomic)
+case, target, ready = sys.argv[1:4]
 data = bytes(range(256)) * (4 << 12)  # 4 MiB
+marked = '/runs/det/epoch_13.pth'
 if case == 'atomic put':
+    from posmlp_dense.openmmlab.runtime import AtomicLocalBackend
     kill_point.trap_next_write(ready, 'fdopen')
-    atomic.AtomicLocalBackend().put(data, target)
+    AtomicLocalBackend().put(data, target)
 elif case == 'plain put':
     from mmengine.fileio import LocalBackend
     kill_point.trap_next_write(ready, 'open')
     LocalBackend().put(data, target)
-elif case in ('atomic marker', 'plain marker'):
+elif case == 'atomic marker':
+    from posmlp_dense.openmmlab.runtime import AtomicCheckpointHook
+    kill_point.trap_next_write(ready, 'fdopen')
+    AtomicCheckpointHook.write_marker(target, marked)
+elif case == 'plain marker':
+    # what mmengine's CheckpointHook runs, with the builtin open (its
+    # module has no ``open`` of its own: nothing is patched)
     from mmengine.hooks import checkpoint_hook
-    if case == 'atomic marker':
-        assert checkpoint_hook.open is atomic._marker_open
-        kill_point.trap_next_write(ready, 'fdopen')
-    else:
-        del checkpoint_hook.open  # mmengine as shipped: the builtin open
-        kill_point.trap_next_write(ready, 'open')
-    # the name ``open`` as CheckpointHook's code resolves it
-    import builtins
-    opener = vars(checkpoint_hook).get('open', builtins.open)
-    with opener(target, 'w') as f:  # what CheckpointHook runs
-        f.write('/runs/det/epoch_13.pth')
+    assert 'open' not in vars(checkpoint_hook)
+    kill_point.trap_next_write(ready, 'open')
+    with open(target, 'w') as f:
+        f.write(marked)
 raise SystemExit('not stopped')
 '''
 
@@ -228,8 +226,8 @@ def test_kill_during_a_write_leaves_the_previous_file(tmp_path, kill_module):
         ready = str(folder / 'READY')
         log = str(folder / 'log.txt')
         with open(log, 'w') as f:  # all four at once: one start-up's wait
-            proc = _start(['-c', WRITER, case, str(target), ready,
-                           ATOMIC_MODULE], _env(kill_module), f)
+            proc = _start(['-c', WRITER, case, str(target), ready],
+                          _env(kill_module), f)
         cases[case] = (proc, target, ready, log, old[kind])
     for case, (proc, target, ready, log, before) in cases.items():
         stopped_at = _kill_when_ready(proc, ready, log)
@@ -250,7 +248,7 @@ def test_kill_during_a_write_leaves_the_previous_file(tmp_path, kill_module):
 
 
 def test_atomic_writes_replace_completely_and_keep_permissions(tmp_path):
-    backend = atomic_checkpoints.AtomicLocalBackend()
+    backend = AtomicLocalBackend()
     target = tmp_path / 'sub' / 'epoch_1.pth'
     backend.put(b'first', target)  # creates the folder, like LocalBackend
     backend.put(b'second version', target)
@@ -271,26 +269,31 @@ def test_atomic_writes_replace_completely_and_keep_permissions(tmp_path):
     assert _partials(target.parent, target.name) == []
 
 
-def test_marker_writer_discards_on_error(tmp_path):
-    from mmengine.hooks import checkpoint_hook
-    assert atomic_checkpoints.atomic_marker_installed()
+def test_a_failed_marker_write_keeps_the_previous_marker(tmp_path,
+                                                        monkeypatch):
     marker = tmp_path / 'last_checkpoint'
     marker.write_text('/runs/epoch_1.pth')
-    with pytest.raises(RuntimeError):
-        with checkpoint_hook.open(str(marker), 'w') as f:
-            f.write('/runs/epo')
-            raise RuntimeError('interrupted')
+
+    def disk_full(fd):
+        raise OSError(28, 'No space left on device')
+    with monkeypatch.context() as m:
+        m.setattr(os, 'fsync', disk_full)
+        with pytest.raises(OSError, match='No space left'):
+            AtomicCheckpointHook.write_marker(str(marker), '/runs/epoch_2.pth')
     assert marker.read_text() == '/runs/epoch_1.pth'
-    # other files opened by the hook's module are the builtin open's
-    other = tmp_path / 'notes.txt'
-    with checkpoint_hook.open(str(other), 'w') as f:
-        assert not isinstance(f, atomic_checkpoints._AtomicMarkerFile)
-        f.write('x')
+    assert _partials(tmp_path, 'last_checkpoint') == []
+    AtomicCheckpointHook.write_marker(str(marker), '/runs/epoch_2.pth')
+    assert marker.read_text() == '/runs/epoch_2.pth'
+    # mmengine's own hook module is left alone: it has no ``open`` of its
+    # own, so its code uses the builtin one
+    from mmengine.hooks import checkpoint_hook
+    assert 'open' not in vars(checkpoint_hook)
 
 
-def _train_toy(work_dir, max_epochs, **checkpoint_options):
-    """A tiny real Runner with mmengine's CheckpointHook on the
-    ``local_atomic`` backend, as the shipped configs set it up."""
+def _train_toy(work_dir, max_epochs, resume=False, **checkpoint_options):
+    """A tiny real Runner with ``AtomicCheckpointHook`` on the
+    ``local_atomic`` backend, as the shipped configs set it up
+    (``checkpoint_options`` override them)."""
     from mmengine.model import BaseModel
     from mmengine.runner import Runner
 
@@ -314,28 +317,31 @@ def _train_toy(work_dir, max_epochs, **checkpoint_options):
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
         train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
         default_hooks=dict(checkpoint=dict(
-            type='CheckpointHook', interval=1,
-            backend_args=dict(backend='local_atomic'),
+            dict(type='AtomicCheckpointHook', interval=1,
+                 backend_args=dict(backend='local_atomic')),
             **checkpoint_options)),
+        resume=resume,
         # leave mmdet, not mmengine, as the current default scope: the
         # OpenMMLab tests build unscoped ``type='PosMLP'``
         default_scope='mmdet')
     runner.train()
 
 
-def test_real_checkpoint_hook_writes_both_files_atomically(tmp_path,
-                                                           monkeypatch):
-    """mmengine's CheckpointHook, configured as the shipped configs do,
-    writes the .pth through the backend and the marker through the
-    atomic marker writer: every file it writes is renamed into place."""
+@pytest.mark.parametrize('backend_args', ['as shipped', None])
+def test_real_checkpoint_hook_writes_both_files_atomically(
+        tmp_path, monkeypatch, backend_args):
+    """The checkpoint hook, configured as the shipped configs do (or with
+    no backend named), writes the .pth through the atomic backend and the
+    marker atomically: every file it writes is renamed into place."""
     written = []
-    real = atomic_checkpoints.atomic_write_bytes
+    real = atomic_io.atomic_write_bytes
 
     def recording(data, filepath):
         written.append(osp.basename(os.fspath(filepath)))
         real(data, filepath)
-    monkeypatch.setattr(atomic_checkpoints, 'atomic_write_bytes', recording)
-    _train_toy(tmp_path / 'toy', max_epochs=2)
+    monkeypatch.setattr(atomic_io, 'atomic_write_bytes', recording)
+    options = {} if backend_args == 'as shipped' else dict(backend_args=None)
+    _train_toy(tmp_path / 'toy', max_epochs=2, **options)
     assert written == ['epoch_1.pth', 'last_checkpoint',
                        'epoch_2.pth', 'last_checkpoint']
     work = tmp_path / 'toy'
@@ -344,16 +350,17 @@ def test_real_checkpoint_hook_writes_both_files_atomically(tmp_path,
     assert glob.glob(str(work / '.*.partial')) == []
 
 
+@pytest.mark.parametrize('hook', ['AtomicCheckpointHook', 'CheckpointHook'])
 def test_max_keep_one_keeps_the_latest_until_a_new_one_is_marked(
-        tmp_path, monkeypatch):
-    """With max_keep_ckpts=1 mmengine removes the previous checkpoint before
-    it writes the next one. The checkpoint the marker names must survive
-    until the new checkpoint is complete and marked, so that a kill during
-    the write still leaves something to resume from; afterwards only the
-    newest one is left."""
+        tmp_path, monkeypatch, hook):
+    """With max_keep_ckpts=1 mmengine's CheckpointHook removes the previous
+    checkpoint before it writes the next one (the control). The checkpoint
+    the marker names must survive until the new checkpoint is complete and
+    marked, so that a kill during the write still leaves something to
+    resume from; afterwards only the newest one is left."""
     work = tmp_path / 'keep_one'
     seen_while_writing = {}
-    real = atomic_checkpoints.atomic_write_bytes
+    real = atomic_io.atomic_write_bytes
 
     def recording(data, filepath):
         name = osp.basename(os.fspath(filepath))
@@ -363,8 +370,11 @@ def test_max_keep_one_keeps_the_latest_until_a_new_one_is_marked(
                 sorted(p.name for p in work.glob('epoch_*.pth')),
                 osp.basename(marker.read_text()) if marker.exists() else None)
         real(data, filepath)
-    monkeypatch.setattr(atomic_checkpoints, 'atomic_write_bytes', recording)
-    _train_toy(work, max_epochs=3, max_keep_ckpts=1)
+    monkeypatch.setattr(atomic_io, 'atomic_write_bytes', recording)
+    _train_toy(work, max_epochs=3, type=hook, max_keep_ckpts=1)
+    if hook == 'CheckpointHook':  # mmengine's: nothing left to resume from
+        assert seen_while_writing['epoch_2.pth'] == ([], 'epoch_1.pth')
+        return
     assert seen_while_writing == {
         'epoch_1.pth': ([], None),
         'epoch_2.pth': (['epoch_1.pth'], 'epoch_1.pth'),
@@ -373,26 +383,19 @@ def test_max_keep_one_keeps_the_latest_until_a_new_one_is_marked(
     assert find_latest_checkpoint(str(work)) == str(work / 'epoch_3.pth')
 
 
-def test_unmarked_checkpoints_are_removed_at_once(tmp_path):
-    backend = atomic_checkpoints.AtomicLocalBackend()
-    old, latest = tmp_path / 'epoch_1.pth', tmp_path / 'epoch_2.pth'
-    for path in (old, latest):
-        path.write_bytes(b'x')
-    (tmp_path / 'last_checkpoint').write_text(str(latest))
-    monkey_marked = atomic_checkpoints._marked
-    try:
-        atomic_checkpoints._marked = None  # as in a freshly resumed run
-        backend.remove(old)
-        assert not old.exists()
-        backend.remove(latest)  # named by the marker: kept for now
-        assert latest.exists()
-        with atomic_checkpoints._marker_open(
-                str(tmp_path / 'last_checkpoint'), 'w') as f:
-            f.write(str(tmp_path / 'epoch_3.pth'))
-        assert not latest.exists()
-    finally:
-        atomic_checkpoints._marked = monkey_marked
-        atomic_checkpoints._deferred_removals.clear()
+def test_a_checkpoint_a_kill_left_behind_is_removed_on_resume(tmp_path):
+    """A kill after the marker names the new checkpoint but before the
+    outdated one is removed leaves that one on disk. The new checkpoint
+    still lists it, so the resumed run removes it."""
+    work = tmp_path / 'keep_one'
+    _train_toy(work, max_epochs=2, max_keep_ckpts=1)
+    saved = _load_checkpoint(str(work / 'epoch_2.pth'))
+    assert saved['message_hub']['runtime_info']['keep_ckpt_ids'] == [1, 2]
+    assert sorted(p.name for p in work.glob('epoch_*.pth')) == ['epoch_2.pth']
+    (work / 'epoch_1.pth').write_bytes(b'left by a kill')
+    _train_toy(work, max_epochs=3, resume=True, max_keep_ckpts=1)
+    assert sorted(p.name for p in work.glob('epoch_*.pth')) == ['epoch_3.pth']
+    assert find_latest_checkpoint(str(work)) == str(work / 'epoch_3.pth')
 
 
 # ------------------------------------------------------ interrupted runs
@@ -427,11 +430,14 @@ def _config(data_root, path, kill=None):
     cfg.default_hooks.logger.interval = 1
     cfg.model.test_cfg.score_thr = 0.0  # keep detections: mAP is computed
     cfg.randomness = dict(seed=0, deterministic=True)
+    # as shipped: the opt-in runtime, its hook and its backend
+    assert cfg.custom_imports.imports == ['posmlp_dense',
+                                          'posmlp_dense.openmmlab.runtime']
+    assert cfg.default_hooks.checkpoint.type == 'AtomicCheckpointHook'
     assert cfg.default_hooks.checkpoint.backend_args == dict(
-        backend='local_atomic')  # as shipped
+        backend='local_atomic')
     if kill is not None:
-        cfg.custom_imports = dict(imports=['posmlp_dense', 'kill_point'],
-                                  allow_failed_imports=False)
+        cfg.custom_imports.imports.append('kill_point')
         cfg.custom_hooks = [dict(type='KillPoint', **kill)]
     cfg.dump(str(path))
     return str(path)

@@ -2,6 +2,7 @@
 metrics: configs, training, checkpoints, evaluation, resume, DDP."""
 from __future__ import annotations
 
+import copy
 import glob
 import json
 import os
@@ -28,7 +29,7 @@ from posmlp_dense.data import shapes as demo_data  # noqa: E402
 from posmlp_dense.checkpoint import read_checkpoint  # noqa: E402
 from posmlp_dense.openmmlab import MMPosMLP  # noqa: E402
 
-from conftest import fixture_path  # noqa: E402
+from conftest import TINY_ARCH, fixture_arch, fixture_path  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', '*.py'))
@@ -99,7 +100,14 @@ def _seg_batch(model, num_classes):
 def test_config_builds_and_trains_one_step(path):
     cfg = Config.fromfile(path)
     assert cfg.model.backbone.type == 'PosMLP'
-    assert cfg.custom_imports.imports == ['posmlp_dense']
+    # the model, and the training runtime named explicitly
+    assert cfg.custom_imports.imports == ['posmlp_dense',
+                                          'posmlp_dense.openmmlab.runtime']
+    assert cfg.default_hooks.checkpoint.type == 'AtomicCheckpointHook'
+    assert cfg.default_hooks.checkpoint.backend_args == dict(
+        backend='local_atomic')
+    assert cfg.model.get('pretrained') is None  # no other backbone's weights
+    assert cfg.optim_wrapper.optimizer.type == 'AdamW'
     wd_free = cfg.optim_wrapper.paramwise_cfg
     assert wd_free.norm_decay_mult == 0 and wd_free.bias_decay_mult == 0
     cfg.model.backbone.init_cfg = None  # no ImageNet weights in tests
@@ -175,6 +183,77 @@ def test_registered_in_both_registries_with_scopes():
     assert not any(p.requires_grad for p in backbone.levels[0].parameters())
 
 
+# The README's mmseg example: a user config that swaps the backbone of
+# mmseg's UperNet R-50 base, whose model.pretrained is ResNet's weights.
+SWAPPED_UPERNET = """
+_base_ = ['mmseg::_base_/models/upernet_r50.py',
+          'mmseg::_base_/default_runtime.py']
+custom_imports = dict(imports=['posmlp_dense'], allow_failed_imports=False)
+model = dict(
+    backbone=dict(_delete_=True, type='PosMLP', arch={arch!r},
+                  out_indices=(0, 1, 2, 3){init_cfg}),
+    decode_head=dict(in_channels=[16, 32, 64, 128], channels=32,
+                     num_classes=4),
+    auxiliary_head=dict(in_channels=64, channels=16, num_classes=4))
+"""
+
+
+@pytest.mark.parametrize('with_init_cfg', [False, True])
+def test_another_backbones_pretrained_from_a_base_config_names_the_fix(
+        tmp_path, with_init_cfg):
+    init_cfg = (f", init_cfg=dict(type='Pretrained', checkpoint="
+                f"{fixture_path('tiny_gqpe_official.pth')!r})"
+                if with_init_cfg else '')
+    arch = fixture_arch('gqpe') if with_init_cfg else TINY_ARCH
+    path = tmp_path / 'upernet_posmlp.py'
+    path.write_text(SWAPPED_UPERNET.format(arch=arch, init_cfg=init_cfg))
+    cfg = Config.fromfile(str(path))
+    assert cfg.model.pretrained == 'open-mmlab://resnet50_v1c'  # the base's
+    models = _models_registry(cfg)
+    # refused when the model is built, before anything is trained
+    with pytest.raises(ValueError, match=r"PosMLP got pretrained='open-mmlab"
+                                         r"://resnet50_v1c'.* set "
+                                         r"model\.pretrained=None"):
+        # (a copy: mmseg writes model.pretrained into the backbone's dict)
+        models.build(copy.deepcopy(cfg.model))
+    cfg.merge_from_dict({'model.pretrained': None})  # the fix it names
+    model = models.build(cfg.model)
+    assert isinstance(model.backbone, MMPosMLP)
+    model.init_weights()
+    assert (model.backbone.load_report is not None) == with_init_cfg
+
+
+def test_deprecated_pretrained_path_loads_like_init_cfg():
+    from mmseg.registry import MODELS
+    checkpoint = fixture_path('tiny_gqpe_official.pth')
+    with pytest.warns(UserWarning, match='pretrained= is deprecated'):
+        backbone = MODELS.build(dict(type='mmseg.PosMLP',
+                                     arch=fixture_arch('gqpe'),
+                                     pretrained=checkpoint))
+    assert backbone.init_cfg == dict(type='Pretrained', checkpoint=checkpoint)
+    backbone.init_weights()
+    assert backbone.load_report.loaded
+    with pytest.raises(ValueError, match=r'both init_cfg=.* and pretrained='
+                                         r'.*model\.pretrained=None'):
+        MODELS.build(dict(type='mmseg.PosMLP', arch=fixture_arch('gqpe'),
+                          pretrained=checkpoint,
+                          init_cfg=dict(type='Pretrained',
+                                        checkpoint=checkpoint)))
+
+
+def test_package_log_records_reach_the_run_log(tmp_path):
+    """With the runtime imported, what the package logs (e.g. a resized
+    table) is written to the run's log file."""
+    import logging
+    import posmlp_dense.openmmlab.runtime  # noqa: F401
+    from mmengine.logging import MMLogger
+    log_file = tmp_path / 'run.log'
+    MMLogger.get_instance(f'run_{uuid.uuid4().hex[:8]}',
+                          log_file=str(log_file))
+    logging.getLogger('posmlp_dense').info('resized a table (%d)', 7)
+    assert 'resized a table (7)' in log_file.read_text()
+
+
 # ------------------------------------------------------------ real runs
 @pytest.fixture(scope='module')
 def data_root(tmp_path_factory):
@@ -223,6 +302,24 @@ def _val_metrics(runner, prefix):
             if k.startswith('val/' + prefix)}
 
 
+# The README's recipe for a training checkpoint opened without its config.
+INFERENCER = r'''
+import sys
+
+from mmdet.apis import DetInferencer
+
+path = sys.argv[1]
+try:  # mmengine reads the weights before the config they carry
+    DetInferencer(model=None, weights=path, device='cpu')
+    print('without the runtime: loaded')
+except Exception as err:  # noqa: BLE001
+    print(f'without the runtime: {type(err).__name__}')
+import posmlp_dense.openmmlab.runtime  # noqa: E402,F401  (the one line)
+inferencer = DetInferencer(model=None, weights=path, device='cpu')
+print(f'with the runtime: {type(inferencer.model.backbone).__name__}')
+'''
+
+
 def _run_tool(*args):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep
                + os.environ.get('PYTHONPATH', ''))
@@ -237,9 +334,9 @@ def test_detector_trains_checkpoints_evaluates_resumes(data_root, tmp_path):
     metrics = _val_metrics(runner, 'coco/bbox_')
     assert 'coco/bbox_mAP' in metrics  # evaluated by pycocotools
     assert osp.isfile(tmp_path / 'det' / 'epoch_2.pth')
-    # mmengine reads its checkpoint back with weights_only=True, allowing
-    # only the few types it needs, and only inside its own loader: torch's
-    # process-wide allowlist is untouched
+    # mmengine reads its checkpoint back (through the runtime's loader) with
+    # weights_only=True, allowing only the few types it needs, and only
+    # inside the loader: torch's process-wide allowlist is untouched
     path = str(tmp_path / 'det' / 'epoch_2.pth')
     assert _load_checkpoint(path)['meta']['epoch'] == 2
     with pytest.raises(pickle.UnpicklingError):
@@ -256,6 +353,12 @@ def test_detector_trains_checkpoints_evaluates_resumes(data_root, tmp_path):
     tested = json.loads(out.read_text())
     for key, value in metrics.items():
         assert tested[key] == pytest.approx(value, abs=1e-6), key
+
+    # opened without its config: the README's one line makes it load
+    res = _run_tool('-c', INFERENCER, path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert 'without the runtime: UnpicklingError' in res.stdout
+    assert 'with the runtime: MMPosMLP' in res.stdout
 
     # resume: a longer schedule continues from the last checkpoint
     resumed_cfg = _small_run_cfg(DEMO_DET, data_root, tmp_path / 'det',

@@ -7,6 +7,11 @@ loader, so a released ImageNet checkpoint works as it is (its EMA weights,
 derived buffers dropped, tables resized to the configured windows) as well
 as a converted one or a detector/segmentor checkpoint (``prefix``). The key
 report goes to the runner's log.
+
+``pretrained=PATH`` (deprecated) is read as that ``init_cfg``. Another
+backbone's weights, which mmseg passes on from a base config's
+``model.pretrained`` (``open-mmlab://resnet50_v1c``, a URL), are refused when
+the model is built, with the fix: ``model.pretrained=None``.
 """
 from __future__ import annotations
 
@@ -25,14 +30,9 @@ class MMPosMLP(PosMLP, BaseModule):
     """``PosMLP`` with ``init_cfg``; every other argument is PosMLP's."""
 
     def __init__(self, *args, init_cfg=None, pretrained=None, **kwargs):
-        super().__init__(*args, **kwargs)
         if pretrained is not None:
-            if init_cfg is not None:
-                raise ValueError('give either init_cfg or pretrained, not '
-                                 'both')
-            warnings.warn('pretrained= is deprecated, use init_cfg=dict('
-                          "type='Pretrained', checkpoint=...)")
-            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+            init_cfg = _init_cfg_from_pretrained(pretrained, init_cfg)
+        super().__init__(*args, **kwargs)
         self.init_cfg = copy.deepcopy(init_cfg)
         self.load_report = None
 
@@ -54,3 +54,30 @@ class MMPosMLP(PosMLP, BaseModule):
             super().init_weights()  # mmengine's initializers (Kaiming, ...)
         else:
             self._is_init = True  # __init__ already applied the published init
+
+
+# How mmseg's EncoderDecoder (and other models that take ``pretrained``)
+# reach the backbone: model.pretrained becomes backbone.pretrained.
+_FIX = ('If it comes from a base config (e.g. mmseg\'s '
+        '_base_/models/upernet_r50.py sets model.pretrained to ResNet\'s '
+        'weights, which mmseg hands to the backbone), set '
+        'model.pretrained=None in your config (or --cfg-options '
+        'model.pretrained=None) and give PosMLP its weights with '
+        "backbone.init_cfg=dict(type='Pretrained', checkpoint=...).")
+
+
+def _init_cfg_from_pretrained(pretrained, init_cfg):
+    """The deprecated ``pretrained=PATH`` as ``init_cfg``; another
+    backbone's weights are refused before anything is built."""
+    if not isinstance(pretrained, str) or '://' in pretrained:
+        # open-mmlab://, torchvision://, http(s)://: never a PosMLP
+        # checkpoint that the local loader could read
+        raise ValueError(f'PosMLP got pretrained={pretrained!r}, which is not '
+                         f'a PosMLP checkpoint file. {_FIX}')
+    if init_cfg is not None:
+        raise ValueError(f'PosMLP got both init_cfg={init_cfg!r} and '
+                         f'pretrained={pretrained!r}; give only init_cfg. '
+                         f'{_FIX}')
+    warnings.warn('PosMLP: pretrained= is deprecated, use init_cfg=dict('
+                  "type='Pretrained', checkpoint=...)")
+    return dict(type='Pretrained', checkpoint=pretrained)

@@ -1,17 +1,19 @@
-"""Let mmengine read its own checkpoints with ``weights_only=True``.
+"""mmengine reads local checkpoints safely, with errors that name the file.
 
-Since torch 2.6 ``torch.load`` defaults to ``weights_only=True``. mmengine
-0.10.7 calls it without the argument, and its training checkpoints hold a few
-non-tensor objects: the message hub's ``HistoryBuffer`` (numpy arrays inside,
-and its statistics methods, pickled as ``getattr(HistoryBuffer, 'mean')``).
-``resume`` and ``load_from`` then fail.
+mmengine 0.10.7 reads ``load_from`` and ``--resume`` checkpoints with a bare
+``torch.load``. Since torch 2.6 that means ``weights_only=True`` anyway, but
+mmengine's training checkpoints hold a few non-tensor objects (the message
+hub's ``HistoryBuffer`` with numpy arrays inside, and its statistics methods,
+pickled as ``getattr(HistoryBuffer, 'mean')``), so ``resume`` fails; and a
+truncated or corrupt file ends in an unpickler traceback.
 
-Instead of turning safe loading off we allow exactly these types, and only
-where they are needed: mmengine's loader for local files is replaced by the
-package's own checked reader (``read_checkpoint``: ``weights_only=True``,
-and a message that names a truncated, corrupt or unsafe file), which accepts
-them for its calls only. Nothing is added to torch's process-wide allowlist. ``getattr``
-is harmless here: the safe unpickler only ever calls allowlisted functions.
+Importing ``posmlp_dense.openmmlab.runtime`` registers
+``load_from_local_weights_only`` as mmengine's loader for local files
+(``CheckpointLoader``'s own extension point, the scheme ``''``): the
+package's checked reader (``read_checkpoint``: ``weights_only=True``, a
+message for a truncated, corrupt or unsafe file), with exactly those types
+allowed, for the duration of the call only. ``getattr`` is harmless there:
+the safe unpickler only ever calls allowlisted functions.
 """
 from __future__ import annotations
 
@@ -19,13 +21,15 @@ import builtins
 import os.path as osp
 
 import numpy as np
+import torch
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from ...checkpoint import read_checkpoint, register_safe_globals
+from ...checkpoint import read_checkpoint
 
 
 def mmengine_checkpoint_types() -> list:
+    """What an mmengine training checkpoint holds besides tensors."""
     try:  # numpy >= 2
         from numpy._core.multiarray import _reconstruct, scalar
     except ImportError:  # numpy 1.x
@@ -37,13 +41,19 @@ def mmengine_checkpoint_types() -> list:
             np.ndarray, np.dtype, *dtype_classes]
 
 
-def load_from_local_weights_only(filename, map_location):
-    """mmengine's local-file loader (resume, load_from), with safe loading
-    kept on and clear errors for bad files."""
-    return read_checkpoint(osp.expanduser(filename), map_location)
+def load_from_local_weights_only(filename, map_location=None) -> dict:
+    """mmengine's loader for local files (``load_from``, resume); named like
+    mmengine's own loaders, which its log quotes ('Loads checkpoint by
+    local_weights_only backend')."""
+    # only what torch does not allow already: leaving the context removes
+    # what it added, and nothing a user allowed must go with it
+    allowed = torch.serialization.get_safe_globals()
+    extra = [t for t in mmengine_checkpoint_types() if t not in allowed]
+    with torch.serialization.safe_globals(extra):
+        return read_checkpoint(osp.expanduser(filename), map_location)
 
 
-def allow_mmengine_checkpoints():
-    CheckpointLoader.register_scheme(
-        prefixes='', loader=load_from_local_weights_only, force=True)
-    register_safe_globals(*mmengine_checkpoint_types())
+CheckpointLoader.register_scheme(
+    prefixes='', loader=load_from_local_weights_only, force=True)
+
+__all__ = ['load_from_local_weights_only', 'mmengine_checkpoint_types']
