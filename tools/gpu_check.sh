@@ -4,7 +4,7 @@
 # inference; backbone training steps and RetinaNet training iterations,
 # with and without with_cp), then one summary.
 #
-#   bash tools/gpu_check.sh [OUT_DIR]      # default OUT_DIR: work_dirs/gpu_check
+#   bash tools/gpu_check.sh [OUT_DIR]   # default: work_dirs/gpu_check
 #
 # Uses the environment's interpreter, $VENV/bin/python (VENV as for
 # `make env`; default .venv in the repository). Expected run time on one
@@ -28,7 +28,8 @@ fail() {
     exit 1
 }
 
-[ -x "$PY" ] || fail "no Python environment at $VENV (run \`make env\`, or set VENV=...)"
+[ -x "$PY" ] ||
+    fail "no Python environment at $VENV (run \`make env\`, or set VENV=...)"
 mkdir -p "$OUT" || fail "cannot create $OUT"
 cd "$ROOT" || fail "cannot enter $ROOT"
 
@@ -83,7 +84,8 @@ timeout "$BENCH_LIMIT_S" "$PY" tools/benchmark.py --device cuda \
 bench_status=$?
 
 echo
-"$PY" - "$OUT" "$tests_status" "$bench_status" "$(( $(date +%s) - START ))" <<'EOF'
+elapsed=$(( $(date +%s) - START ))
+"$PY" - "$OUT" "$tests_status" "$bench_status" "$elapsed" <<'EOF'
 import json
 import os
 import sys
