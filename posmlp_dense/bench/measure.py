@@ -1,5 +1,6 @@
-"""Measuring instruments of the benchmark: timing, peak memory, MACs,
-the matmul calibration, the interleaved runner and the scaling fit.
+"""Measuring instruments of the benchmark: timing, peak memory, the bytes
+autograd saves, MACs, the matmul calibration, the interleaved runner and
+the scaling fit.
 
 They measure any ``nn.Module`` whose forward takes one NCHW tensor and
 returns a tensor or a tuple of tensors.
@@ -32,7 +33,6 @@ SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
 def log(msg: str, start: Optional[float] = None):
     prefix = '' if start is None else f'[{time.perf_counter() - start:7.1f}s] '
     print(prefix + msg, flush=True)
-
 
 
 def fmt(value, spec: str, missing: str = '-') -> str:
