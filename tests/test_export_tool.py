@@ -271,22 +271,33 @@ model = dict(
 
 
 @pytest.fixture(scope='module')
-def segmentor_export(tmp_path_factory):
+def tiny_seg_config(tmp_path_factory):
     pytest.importorskip('mmseg')
+    config = tmp_path_factory.mktemp('config') / 'fpn_tiny.py'
+    config.write_text(TINY_SEG_CONFIG.format(base=DEMO_SEG))
+    return config
+
+
+@pytest.fixture(scope='module')
+def segmentor_export(tiny_seg_config, tmp_path_factory):
+    """The tool, run once on a tiny Semantic FPN from a training checkpoint
+    laid out as mmengine's Runner saves it (message hub included)."""
+    from mmengine.logging import MessageHub
     from posmlp_dense.export import SegmentorLogits, build_segmentor
     folder = tmp_path_factory.mktemp('segmentor')
-    config = folder / 'fpn_tiny.py'
-    config.write_text(TINY_SEG_CONFIG.format(base=DEMO_SEG))
-    segmentor = randomize_(build_segmentor(str(config)), seed=3).eval()
+    segmentor = randomize_(build_segmentor(str(tiny_seg_config)),
+                           seed=3).eval()
+    hub = MessageHub.get_instance('export_tool_test')
+    hub.update_scalar('train/loss', 0.5)
     checkpoint = folder / 'iter_1.pth'
-    torch.save({'meta': {}, 'state_dict': segmentor.state_dict()}, checkpoint)
+    torch.save({'meta': {'iter': 1}, 'state_dict': segmentor.state_dict(),
+                'message_hub': hub.state_dict()}, checkpoint)
     out = folder / 'fpn_tiny.onnx'
     status, stdout, stderr = _run_tool([
-        '--config', str(config), '--checkpoint', str(checkpoint), '--shape',
-        '192', '256', '--out', str(out)])
+        '--config', str(tiny_seg_config), '--checkpoint', str(checkpoint),
+        '--shape', '192', '256', '--out', str(out)])
     return SimpleNamespace(status=status, stdout=stdout, stderr=stderr,
-                           out=out, model=SegmentorLogits(segmentor).eval(),
-                           folder=folder, config=config)
+                           out=out, model=SegmentorLogits(segmentor).eval())
 
 
 def test_tool_exports_and_verifies_the_segmentor(segmentor_export):
@@ -308,16 +319,26 @@ def test_segmentor_file_gives_the_checkpoint_logits(segmentor_export):
     np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_segmentor_checkpoint_of_another_model_is_refused(segmentor_export,
+def test_segmentor_checkpoint_of_another_model_is_refused(tiny_seg_config,
                                                           tmp_path):
     wrong = tmp_path / 'wrong.pth'
     torch.save({'state_dict': PosMLP(TINY_ARCH).state_dict()}, wrong)
     out = tmp_path / 'x.onnx'
-    status, _, stderr = _run_tool(['--config', str(segmentor_export.config),
+    status, _, stderr = _run_tool(['--config', str(tiny_seg_config),
                                    '--checkpoint', str(wrong), '--out',
                                    str(out)])
     assert status == 2 and 'does not fit the segmentor' in stderr
     assert not out.exists()
+
+
+def test_detector_config_is_refused_with_the_backbone_route(tmp_path):
+    pytest.importorskip('mmdet')
+    config = osp.join(ROOT, 'configs', 'demo',
+                      'retinanet_posmlp_t_fpn_demo-shapes.py')
+    status, _, stderr = _run_tool(['--config', config, '--out',
+                                   str(tmp_path / 'x.onnx')])
+    assert status == 2 and 'not an mmseg config' in stderr
+    assert '--arch' in stderr and os.listdir(tmp_path) == []
 
 
 # ------------------------------------------------------------ command line
@@ -336,6 +357,7 @@ def test_tool_refuses_to_replace_a_file_without_overwrite(tmp_path):
     ['--arch', '{"embed_dims": [1, 2', '--out', 'x.onnx'],
     ['--arch', 't', '--config', 'c.py', '--out', 'x.onnx'],
     ['--config', 'c.py', '--gate', 'lrpe', '--out', 'x.onnx'],
+    ['--arch', 't', '--batch', '1', '--out', 'x.onnx'],
     ['--arch', 't'],
 ])
 def test_tool_rejects_bad_arguments(argv, capsys):

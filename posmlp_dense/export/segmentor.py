@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..checkpoint import extract_state_dict, read_checkpoint
+from ..checkpoint import extract_state_dict
 
 
 class SegmentorLogits(nn.Module):
@@ -32,10 +32,11 @@ def build_segmentor(config: str, checkpoint: Optional[str] = None,
                     cfg_options: Optional[dict] = None) -> nn.Module:
     """Build the config's segmentor with mmseg's registry, in eval mode.
 
-    With ``checkpoint`` (a training checkpoint of this config) every weight
-    is loaded, strictly; without one the weights are the freshly
-    initialized ones (``init_cfg`` is not applied, so no ImageNet file is
-    needed). SyncBN layers become plain BatchNorm (mmengine's
+    With ``checkpoint`` (a training checkpoint of this config, read with
+    ``weights_only=True`` and mmengine's few checkpoint types allowed, as
+    the opt-in training runtime reads them) every weight is loaded,
+    strictly; without one the weights are the freshly initialized ones
+    (``init_cfg`` is not applied, so no ImageNet file is needed). SyncBN layers become plain BatchNorm (mmengine's
     ``revert_sync_batchnorm``), which is what they compute in eval mode.
     """
     from mmengine.config import Config
@@ -54,7 +55,10 @@ def build_segmentor(config: str, checkpoint: Optional[str] = None,
     from mmseg.registry import MODELS
     segmentor = revert_sync_batchnorm(MODELS.build(cfg.model))
     if checkpoint is not None:
-        state, _ = extract_state_dict(read_checkpoint(checkpoint), 'raw')
+        from ..openmmlab.runtime.safe_checkpoints import \
+            load_from_local_weights_only
+        state, _ = extract_state_dict(
+            load_from_local_weights_only(checkpoint), 'raw')
         result = segmentor.load_state_dict(state, strict=False)
         if result.missing_keys or result.unexpected_keys:
             raise ValueError(
