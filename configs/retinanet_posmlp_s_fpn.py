@@ -1,5 +1,7 @@
 # RetinaNet with a PosMLP-S backbone on COCO (1x schedule, AdamW).
 #   python tools/train.py configs/retinanet_posmlp_s_fpn.py
-# Put the released ImageNet checkpoint of PosMLP-S at `pretrained` (or
-# override it: --cfg-options model.backbone.init_cfg.checkpoint=PATH).
+# PosMLP-S ImageNet weights were never released: pretrain them with
+# tools/pretrain.py (README, "Pretrained weights") and point `pretrained` at
+# the result (--cfg-options model.backbone.init_cfg.checkpoint=PATH), or
+# train from scratch: --cfg-options model.backbone.init_cfg=None.
 _base_ = './retinanet_posmlp_s_fpn_1x_coco.py'
