@@ -7,8 +7,14 @@ inside the model.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Dict, Sequence, Tuple, Union
+from typing import Dict, Mapping, Sequence, Tuple, Union
+
+import torch
+
+from .errors import CheckpointError
+from .relative_position import infer_window
 
 GATES = ('gqpe', 'lrpe', 'sgu')
 
@@ -175,3 +181,87 @@ def check_index_range(name: str, values: Sequence[int], num_levels: int):
         if not isinstance(v, int) or not 0 <= v < num_levels:
             raise ValueError(f'{name} entries must be ints in [0, '
                              f'{num_levels - 1}], got {tuple(values)!r}')
+
+
+# ------------------------------------------------- architecture from weights
+def describe_weights(state: Mapping[str, torch.Tensor]) -> dict:
+    """Gate, depths and widths of PosMLP weights, for error messages."""
+    depths: Dict[int, int] = {}
+    for key in state:
+        m = re.match(r'levels\.(\d+)\.encoder\.(\d+)\.', key)
+        if m:
+            level, block = int(m.group(1)), int(m.group(2))
+            depths[level] = max(depths.get(level, 0), block + 1)
+    if any(k.endswith('attention_centers') for k in state):
+        gate = 'gqpe'
+    elif any(k.endswith('relative_position_bias_table') for k in state):
+        gate = 'lrpe'
+    elif any('proj_list' in k for k in state):
+        gate = 'sgu'
+    else:
+        gate = 'unknown'
+    dims = [tuple(v.shape)[0] for k, v in sorted(state.items())
+            if re.fullmatch(r'levels\.\d+\.encoder\.0\.norm\.weight', k)]
+    return dict(gate=gate, depths=tuple(depths[i] for i in sorted(depths)),
+                embed_dims=tuple(dims))
+
+
+def infer_config(state: Mapping[str, torch.Tensor]) -> dict:
+    """Model options that rebuild the architecture of some PosMLP weights.
+
+    Returns ``dict(arch=..., gate=..., pos_only=..., gqpe_generalized=...,
+    in_channels=..., ape=...)`` for ``PosMLP(**config)`` (backbone or
+    classifier weights, prefix already stripped).
+    """
+    if 'patch_embed.projs.2.weight' not in state:
+        raise CheckpointError('not PosMLP weights: no patch_embed.projs.2')
+    desc = describe_weights(state)
+    levels = sorted({int(m.group(1)) for k in state
+                     for m in [re.match(r'levels\.(\d+)\.', k)] if m})
+    if not levels or levels != list(range(len(levels))):
+        raise CheckpointError(f'not PosMLP weights: levels {levels}')
+    dims, depths, ratios, gammas, windows = [], [], [], [], []
+    for i in levels:
+        if i == 0:
+            dim = state['patch_embed.projs.2.weight'].shape[0]
+        else:
+            dim = state[f'levels.{i}.pool.conv.weight'].shape[0]
+        depth = sum(1 for k in state
+                    if re.fullmatch(rf'levels\.{i}\.encoder\.\d+\.norm\.weight',
+                                    k))
+        if depth == 0:
+            raise CheckpointError(f'level {i} has no blocks; cannot infer '
+                                  f'its gate settings')
+        blk = f'levels.{i}.encoder.0.'
+        hidden = state[blk + 'proj_c_e.weight'].shape[0]
+        if desc['gate'] == 'gqpe':
+            gamma = state[blk + 'gate_unit.pos.attention_centers'].shape[0]
+        elif desc['gate'] == 'lrpe':
+            gamma = state[blk + 'gate_unit.pos.'
+                          'window_relative_position_bias_table'].shape[1]
+        else:
+            gamma = 1
+        if desc['gate'] == 'sgu':
+            n = state[blk + 'gate_unit.proj_list.0.weight'].shape[0]
+            window = infer_window(n)
+        else:
+            n = state[blk + 'gate_unit.pos.token_proj_n_bias'].numel()
+            table = state.get(blk + 'gate_unit.pos.'
+                              'window_relative_position_bias_table')
+            window = infer_window(n, None if table is None else table.shape[0])
+        ratio = hidden / dim
+        dims.append(dim)
+        depths.append(depth)
+        ratios.append(int(ratio) if ratio == int(ratio) else ratio)
+        gammas.append(gamma)
+        windows.append(window if window[0] != window[1] else window[0])
+    spreads = [v for k, v in state.items() if k.endswith('attention_spreads')]
+    return dict(
+        arch=dict(embed_dims=tuple(dims), depths=tuple(depths),
+                  mlp_ratio=tuple(ratios), gamma=tuple(gammas),
+                  window_size=tuple(windows)),
+        gate=desc['gate'],
+        pos_only=not any(k.endswith('token_proj_n_weight') for k in state),
+        gqpe_generalized=not spreads or spreads[0].dim() == 3,
+        in_channels=state['patch_embed.projs.0.weight'].shape[1],
+        ape='absolute_pos_embed' in state)

@@ -8,13 +8,15 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from torch import nn
 from timm.layers import trunc_normal_
+from timm.models._features import feature_take_indices
 
 from .archs import LevelSpec, build_level_specs, check_index_range
 from .block import PosMLPBlock
 from .downsample import ConvDownsample
 from .gates import GQPE, LRPE, SGU
 from .stem import ConvStem
-from .windows import WindowPlan, make_plan
+from .forward_mode import ForwardMode, decide_forward_mode
+from .windows import PaddedWindows, make_plan
 from .workspace import inference_workspace
 
 
@@ -41,45 +43,59 @@ class PosMLPLevel(nn.Module):
         self.shift = shift
         self.with_cp = with_cp
 
-    def plans(self, height: int, width: int) -> Tuple[WindowPlan, ...]:
-        plain = make_plan(height, width, self.window)
+    def grid_origins(self, height, width) -> Tuple[Tuple[int, int], ...]:
+        """Where the window grid starts, per block parity: (0, 0), and with
+        shifted windows half a window along axes longer than a window (as
+        Swin does)."""
         if not self.shift:
-            return (plain,)
-        # shift only along axes longer than a window, as Swin does
+            return ((0, 0),)
         origin = tuple(w // 2 if size > w else 0 for size, w in
                        zip((height, width), self.window))
         if origin == (0, 0):
-            return (plain,)
-        return plain, make_plan(height, width, self.window, origin)
+            return ((0, 0),)
+        return (0, 0), origin
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """NCHW map in, channels-last (B, H, W, C) map out."""
-        x = self.pool(x) if hasattr(self, 'pool') else x.permute(0, 2, 3, 1)
+    def window_layouts(self, x: torch.Tensor, mode: ForwardMode) -> tuple:
+        """One window layout per block parity for the (B, H, W, C) map:
+        exact WindowPlans in eager modes, PaddedWindows in a graph."""
+        H, W = x.size(1), x.size(2)
+        if mode is ForwardMode.GRAPH:
+            return tuple(PaddedWindows(x, self.window, o)
+                         for o in self.grid_origins(H, W))
+        return self.window_plans(H, W)
+
+    def window_plans(self, height: int, width: int):
+        """The exact window plans (windows.py) of a map, per block parity."""
+        return tuple(make_plan(height, width, self.window, o)
+                     for o in self.grid_origins(height, width))
+
+    def forward(self, x: torch.Tensor,
+                mode: ForwardMode = ForwardMode.AUTOGRAD) -> torch.Tensor:
+        """(B, H, W, C) map in, (B, H', W', C') map out (see forward_mode.py
+        for ``mode``)."""
+        if hasattr(self, 'pool'):
+            x = self.pool(x)
         if len(self.encoder) == 0:
             return x
-        B, H, W, _ = x.shape
-        plans = self.plans(H, W)
-        current = plans[0]
-        tokens = current.partition(x)
-        # inference: the blocks share scratch buffers and update the token
-        # buffer in place (never the caller's tensor: partition may return a
-        # view of it, which is then copied first)
-        workspace = inference_workspace(x)
-        if workspace is not None:
-            if tokens._base is not None:
-                tokens = tokens.clone()
+        B = x.shape[0]
+        layouts = self.window_layouts(x, mode)
+        current = layouts[0]
+        # INFERENCE: the blocks share scratch buffers and update the token
+        # buffer in place, so it must not be a view of the caller's map
+        workspace = inference_workspace(x.device) \
+            if mode is ForwardMode.INFERENCE else None
+        tokens = current.partition(x, fresh=True) if workspace is not None \
+            else current.partition(x)
         for j, block in enumerate(self.encoder):
-            plan = plans[j % len(plans)]
-            if plan is not current:
-                tokens = plan.partition(current.reverse(tokens, B))
-                current = plan
-            if workspace is not None:
-                tokens = block(tokens, plan, B, workspace)
-            elif self.with_cp and tokens.requires_grad:
-                tokens = cp.checkpoint(block, tokens, plan, B,
+            layout = layouts[j % len(layouts)]
+            if layout is not current:
+                tokens = layout.partition(current.reverse(tokens, B))
+                current = layout
+            if workspace is None and self.with_cp and tokens.requires_grad:
+                tokens = cp.checkpoint(block, tokens, layout, B,
                                        use_reentrant=False)
             else:
-                tokens = block(tokens, plan, B)
+                tokens = block(tokens, layout, B, workspace)
         return current.reverse(tokens, B)
 
 
@@ -254,36 +270,75 @@ class PosMLP(nn.Module):
                              f'values')
 
     def position_embedding(self, size: Tuple[int, int]) -> torch.Tensor:
-        # (1, gh*gw, C) viewed as (1, C, gh, gw) by a plain reshape, as the
-        # published code does, then resized to the map.
+        """(1, H, W, C) absolute position embedding for a stem map of
+        ``size``. The (1, gh*gw, C) parameter is viewed as (1, C, gh, gw) by
+        a plain reshape, as the published code does, then resized."""
         pe = self.absolute_pos_embed.reshape(1, -1, *self.ape_grid)
         if tuple(size) != self.ape_grid:
             pe = F.interpolate(pe, size=tuple(size), mode='bicubic',
                                align_corners=False)
-        return pe
+        return pe.permute(0, 2, 3, 1)
 
-    def forward_levels(self, x: torch.Tensor) -> List[torch.Tensor]:
-        """Every level's raw output as a channels-last (B, H, W, C) map."""
-        self.check_input(x)
-        x = self.patch_embed(x)
+    def level_map_sizes(self, height: int, width: int
+                        ) -> List[Tuple[int, int]]:
+        """(h, w) of every level's map for an input image of that size."""
+        sizes = [ConvStem.output_size(height, width)]
+        for _ in range(1, len(self.levels)):
+            sizes.append(ConvDownsample.output_size(*sizes[-1]))
+        return sizes
+
+    def forward_mode(self, x) -> ForwardMode:
+        """How this forward runs (forward_mode.py); decided once per call."""
+        return decide_forward_mode(x, self.training)
+
+    def forward_intermediates(
+            self, x: torch.Tensor,
+            indices: Optional[Union[int, Sequence[int]]] = None,
+            norm: bool = False, stop_early: bool = False,
+            output_fmt: str = 'NCHW', intermediates_only: bool = False):
+        """The one forward loop: stem, then the levels in order.
+
+        Follows timm's convention. ``indices``: the levels to return (an int
+        n means the last n levels; None: all); out-of-range indices raise.
+        ``norm``: apply each returned level's output norm (``norm{i}``, where
+        the model has one). ``stop_early``: run no level past the last one
+        requested. ``output_fmt``: 'NCHW' or 'NHWC'. Returns the list of
+        intermediates, or with ``intermediates_only=False`` the pair (output
+        of the last level run, intermediates).
+        """
+        if output_fmt not in ('NCHW', 'NHWC'):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got "
+                             f'{output_fmt!r}')
+        take, last = feature_take_indices(len(self.levels), indices)
+        mode = self.forward_mode(x)
+        if mode is not ForwardMode.GRAPH:
+            self.check_input(x)
+        x = self.patch_embed(x, in_place=mode is ForwardMode.INFERENCE
+                             and x.device.type == 'cpu')
         if self.absolute_pos_embed is not None:
-            x = x + self.position_embedding(x.shape[-2:])
-        maps = []
-        for level in self.levels:
-            y = level(x)
-            maps.append(y)
-            x = y.permute(0, 3, 1, 2)
-        return maps
+            x = x + self.position_embedding(x.shape[1:3])
+        levels = self.levels[:last + 1] if stop_early else self.levels
+        intermediates = []
+        for i, level in enumerate(levels):
+            x = level(x, mode)
+            if i in take:
+                y = x
+                if norm and hasattr(self, f'norm{i}'):
+                    y = getattr(self, f'norm{i}')(y)
+                intermediates.append(
+                    y.permute(0, 3, 1, 2) if output_fmt == 'NCHW' else y)
+        if intermediates_only:
+            return intermediates
+        return (x.permute(0, 3, 1, 2) if output_fmt == 'NCHW' else x,
+                intermediates)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        maps = self.forward_levels(x)
-        outs = []
-        for i in self.out_indices:
-            y = maps[i]
-            if self.out_norm:
-                y = getattr(self, f'norm{i}')(y)
-            outs.append(y.permute(0, 3, 1, 2).contiguous())
-        return tuple(outs)
+        """The ``out_indices`` levels as contiguous NCHW maps (normalized by
+        ``norm{i}`` with ``out_norm``)."""
+        outs = self.forward_intermediates(
+            x, indices=list(self.out_indices), norm=self.out_norm,
+            stop_early=True, intermediates_only=True)
+        return tuple(y.contiguous() for y in outs)
 
 
 def _init_module(module: nn.Module):

@@ -7,7 +7,7 @@ but the gate is per token, and the gate mixes tokens within windows.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +15,9 @@ from torch import nn
 
 from .archs import LevelSpec
 from .gates import build_gate
-from .windows import WindowPlan
+from .windows import PaddedWindows, WindowPlan
+
+Windows = Union[WindowPlan, PaddedWindows]
 from .workspace import Workspace
 
 
@@ -34,22 +36,24 @@ class PosMLPBlock(nn.Module):
         self.proj_c_s = nn.Linear(spec.gate_channels, spec.dim)
         self.drop_path = drop_path
 
-    def forward(self, x: torch.Tensor, plan: WindowPlan, batch: int,
+    def forward(self, x: torch.Tensor, windows: Windows, batch: int,
                 workspace: Optional[Workspace] = None) -> torch.Tensor:
-        """With a ``workspace`` (inference, see PosMLPLevel) intermediates go
-        into its buffers and ``x``, the level's own token buffer, is updated
-        in place."""
+        """``x``: the level's token buffer laid out by ``windows`` (a
+        WindowPlan, or PaddedWindows in a captured graph). With a
+        ``workspace`` (INFERENCE mode, see PosMLPLevel) intermediates go into
+        its buffers and ``x`` is updated in place."""
         if workspace is not None:
-            return self._forward_in_place(x, plan, batch, workspace)
+            return self._forward_in_place(x, windows, batch, workspace)
         w_e, b_e, w_s = self._projections()
         hidden = self.act(F.linear(self.norm(x), w_e, b_e))
-        gated = self.gate_unit(hidden, plan.runs(batch))
+        gated = self.gate_unit(hidden, windows if isinstance(
+            windows, PaddedWindows) else windows.runs(batch))
         out = F.linear(gated, w_s, self.proj_c_s.bias)
         if self.training and self.drop_path > 0:
             # stochastic depth per sample; samples are spread over windows
             keep = 1.0 - self.drop_path
             mask = x.new_empty(batch).bernoulli_(keep).div_(keep)
-            out = out * plan.per_sample(mask)
+            out = out * windows.per_sample(mask)
         return x + out
 
     def _forward_in_place(self, x, plan, batch, workspace):

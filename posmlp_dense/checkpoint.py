@@ -28,20 +28,15 @@ import torch
 from torch import nn
 
 from . import atomic_io
+from .archs import describe_weights, infer_config  # noqa: F401 (public here)
+from .errors import CheckpointError
 from .gates.position_bias import DERIVED_BUFFERS
 
 logger = logging.getLogger('posmlp_dense')
 
-# Tensors whose shape depends on the window size; a load_state_dict pre-hook
-# resizes them (see gates/position_bias.py), so a shape difference is fine.
-RESIZABLE_SUFFIXES = ('token_proj_n_bias', 'window_relative_position_bias_table')
 # Keys of the classification model that a backbone does not have.
 CLASSIFIER_PREFIXES = ('head.', 'norm.')
 _EXTRA_SAFE_GLOBALS: List[object] = []
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not fit the model."""
 
 
 def register_safe_globals(*objects):
@@ -209,28 +204,6 @@ def strip_prefix(state: Dict[str, torch.Tensor], prefix: Optional[str],
     return picked, prefix
 
 
-def describe_weights(state: Mapping[str, torch.Tensor]) -> dict:
-    """Gate, depths and widths of PosMLP weights, for error messages."""
-    depths: Dict[int, int] = {}
-    for key in state:
-        m = re.match(r'levels\.(\d+)\.encoder\.(\d+)\.', key)
-        if m:
-            level, block = int(m.group(1)), int(m.group(2))
-            depths[level] = max(depths.get(level, 0), block + 1)
-    if any(k.endswith('attention_centers') for k in state):
-        gate = 'gqpe'
-    elif any(k.endswith('relative_position_bias_table') for k in state):
-        gate = 'lrpe'
-    elif any('proj_list' in k for k in state):
-        gate = 'sgu'
-    else:
-        gate = 'unknown'
-    dims = [tuple(v.shape)[0] for k, v in sorted(state.items())
-            if re.fullmatch(r'levels\.\d+\.encoder\.0\.norm\.weight', k)]
-    return dict(gate=gate, depths=tuple(depths[i] for i in sorted(depths)),
-                embed_dims=tuple(dims))
-
-
 @dataclass
 class LoadReport:
     """What ``load_pretrained`` did with every key."""
@@ -268,6 +241,16 @@ class LoadReport:
         return '\n'.join(lines)
 
 
+def resizable_keys(model: nn.Module) -> set:
+    """State-dict keys whose shape follows the window size: the modules that
+    resize them on load declare them (``resizable_tensors``)."""
+    keys = set()
+    for name, module in model.named_modules():
+        for tensor in getattr(module, 'resizable_tensors', ()):
+            keys.add(f'{name}.{tensor}' if name else tensor)
+    return keys
+
+
 def _new_module_keys(model: nn.Module) -> Tuple[str, ...]:
     """Model keys that released checkpoints cannot have (added for dense use)."""
     keys = tuple(k for k in model.state_dict() if re.match(r'norm\d+\.', k))
@@ -299,13 +282,14 @@ def load_state(model: nn.Module, state: Dict[str, torch.Tensor],
     report.missing = [k for k in model_state if k not in weights]
     report.unexpected = [k for k in weights if k not in model_state]
     mismatched = []
+    resizable = resizable_keys(model)
     for key, value in weights.items():
         if key not in model_state:
             continue
         want = tuple(model_state[key].shape)
         if tuple(value.shape) == want:
             continue
-        if key.endswith(RESIZABLE_SUFFIXES):
+        if key in resizable:
             report.resized.append((key, tuple(value.shape), want))
         else:
             mismatched.append(f'{key}: checkpoint {tuple(value.shape)} vs '
@@ -365,14 +349,6 @@ def load_pretrained(model: nn.Module, path: str, which: str = 'ema',
                       prefix=found_prefix, strict=strict)
 
 
-def backbone_state_dict(state: Mapping[str, torch.Tensor]
-                        ) -> Dict[str, torch.Tensor]:
-    """Released weights -> backbone weights: no head, no derived buffers."""
-    return {k: v for k, v in state.items()
-            if not k.startswith(CLASSIFIER_PREFIXES)
-            and k.rsplit('.', 1)[-1] not in DERIVED_BUFFERS}
-
-
 def save_checkpoint(state: Mapping[str, torch.Tensor], path: str,
                     meta: Optional[Dict[str, str]] = None,
                     overwrite: bool = False):
@@ -393,65 +369,3 @@ def save_checkpoint(state: Mapping[str, torch.Tensor], path: str,
         torch.save({'state_dict': tensors, 'meta': dict(meta or {})}, buffer)
         data = buffer.getvalue()
     atomic_io.atomic_write_bytes(data, path)
-
-
-def infer_config(state: Mapping[str, torch.Tensor]) -> dict:
-    """Model options that rebuild the architecture of some PosMLP weights.
-
-    Returns ``dict(arch=..., gate=..., pos_only=..., gqpe_generalized=...,
-    in_channels=..., ape=...)`` for ``PosMLP(**config)`` (backbone or
-    classifier weights, prefix already stripped).
-    """
-    from .relative_position import infer_window
-    if 'patch_embed.projs.2.weight' not in state:
-        raise CheckpointError('not PosMLP weights: no patch_embed.projs.2')
-    desc = describe_weights(state)
-    levels = sorted({int(m.group(1)) for k in state
-                     for m in [re.match(r'levels\.(\d+)\.', k)] if m})
-    if not levels or levels != list(range(len(levels))):
-        raise CheckpointError(f'not PosMLP weights: levels {levels}')
-    dims, depths, ratios, gammas, windows = [], [], [], [], []
-    for i in levels:
-        if i == 0:
-            dim = state['patch_embed.projs.2.weight'].shape[0]
-        else:
-            dim = state[f'levels.{i}.pool.conv.weight'].shape[0]
-        depth = sum(1 for k in state
-                    if re.fullmatch(rf'levels\.{i}\.encoder\.\d+\.norm\.weight',
-                                    k))
-        if depth == 0:
-            raise CheckpointError(f'level {i} has no blocks; cannot infer '
-                                  f'its gate settings')
-        blk = f'levels.{i}.encoder.0.'
-        hidden = state[blk + 'proj_c_e.weight'].shape[0]
-        if desc['gate'] == 'gqpe':
-            gamma = state[blk + 'gate_unit.pos.attention_centers'].shape[0]
-        elif desc['gate'] == 'lrpe':
-            gamma = state[blk + 'gate_unit.pos.'
-                          'window_relative_position_bias_table'].shape[1]
-        else:
-            gamma = 1
-        if desc['gate'] == 'sgu':
-            n = state[blk + 'gate_unit.proj_list.0.weight'].shape[0]
-            window = infer_window(n)
-        else:
-            n = state[blk + 'gate_unit.pos.token_proj_n_bias'].numel()
-            table = state.get(blk + 'gate_unit.pos.'
-                              'window_relative_position_bias_table')
-            window = infer_window(n, None if table is None else table.shape[0])
-        ratio = hidden / dim
-        dims.append(dim)
-        depths.append(depth)
-        ratios.append(int(ratio) if ratio == int(ratio) else ratio)
-        gammas.append(gamma)
-        windows.append(window if window[0] != window[1] else window[0])
-    spreads = [v for k, v in state.items() if k.endswith('attention_spreads')]
-    return dict(
-        arch=dict(embed_dims=tuple(dims), depths=tuple(depths),
-                  mlp_ratio=tuple(ratios), gamma=tuple(gammas),
-                  window_size=tuple(windows)),
-        gate=desc['gate'],
-        pos_only=not any(k.endswith('token_proj_n_weight') for k in state),
-        gqpe_generalized=not spreads or spreads[0].dim() == 3,
-        in_channels=state['patch_embed.projs.0.weight'].shape[1],
-        ape='absolute_pos_embed' in state)

@@ -8,9 +8,9 @@ from torch import nn
 class ConvDownsample(nn.Module):
     """Grouped conv3x3/2 (groups = input width) then LayerNorm over channels.
 
-    Takes an NCHW map and returns the channels-last (B, H, W, C) map that the
-    level's windows are cut from. The conv pads with zeros as published; it
-    only ever sees the real map, never window padding.
+    Takes and returns channels-last (B, H, W, C) maps, the layout of every
+    level. The conv pads with zeros as published; it only ever sees the real
+    map, never window padding.
     """
 
     def __init__(self, in_dim: int, out_dim: int, norm_eps: float = 1e-6):
@@ -20,4 +20,11 @@ class ConvDownsample(nn.Module):
         self.norm = nn.LayerNorm(out_dim, eps=norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.conv(x).permute(0, 2, 3, 1))
+        # (B, H, W, C) viewed as NCHW with channels-last strides: the conv
+        # reads it without a copy and writes channels-last
+        return self.norm(self.conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
+
+    @staticmethod
+    def output_size(height, width):
+        """Map size after the stride-2 conv (kernel 3, pad 1)."""
+        return (height + 1) // 2, (width + 1) // 2

@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .workspace import in_place_inference
 
 
 class ConvStem(nn.Module):
@@ -25,19 +24,32 @@ class ConvStem(nn.Module):
             nn.BatchNorm2d(widths[i + 1], eps=1e-6) for i in range(3)])
         self.act = nn.GELU()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, in_place: bool = False
+                ) -> torch.Tensor:
+        """NCHW image -> channels-last (B, H/4, W/4, C) map.
+
+        ``in_place`` (INFERENCE mode on the CPU, see forward_mode.py): each
+        conv's output is normalized and activated where it lies. On the CPU
+        fresh maps cost page faults; a GPU's caching allocator reuses
+        memory, and the aliased BatchNorm is unverified there.
+        """
         # channels-last: the convs then need no internal re-layout of their
-        # (large) maps, and the output is the (B, H, W, C) map that level 0
-        # cuts its windows from
+        # (large) maps, and the output permutes to (B, H, W, C) for free
         x = x.contiguous(memory_format=torch.channels_last)
-        # (CPU only: there fresh maps cost page faults; a GPU's caching
-        # allocator reuses memory, and the aliased BatchNorm is untested there)
-        if not self.training and x.device.type == 'cpu' and \
-                in_place_inference(x):
-            return self._forward_in_place(x)
-        x = self.act(self.norms[0](self.projs[0](x)))
-        x = self.act(self.norms[1](self.projs[1](x)))
-        return self.norms[2](self.projs[2](x))
+        if in_place and not self.training:
+            x = self._forward_in_place(x)
+        else:
+            x = self.act(self.norms[0](self.projs[0](x)))
+            x = self.act(self.norms[1](self.projs[1](x)))
+            x = self.norms[2](self.projs[2](x))
+        return x.permute(0, 2, 3, 1)
+
+    @staticmethod
+    def output_size(height, width):
+        """Map size after the stem's two stride-2 convs (kernel 3, pad 1)."""
+        for _ in range(2):
+            height, width = (height + 1) // 2, (width + 1) // 2
+        return height, width
 
     def _forward_in_place(self, x: torch.Tensor) -> torch.Tensor:
         """Inference: each conv's fresh output is normalized and activated

@@ -15,8 +15,11 @@ every window of the run a single batched matmul. The bias rides along as an
 extra column of P against a row of ones under u (no separate pass over the
 output), and the product with v is written straight back in token order.
 
-Without autograd (inference) the gated product is written back into v's
-storage, and the scratch buffers are reused from run to run.
+In INFERENCE mode (see forward_mode.py) the gated product is written back
+into v's storage, and the scratch buffers are reused from run to run.
+
+In a captured graph the windows are padded (windows.PaddedWindows) and
+``mix_padded_windows`` takes the padded keys out of the mixing instead.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
-from .windows import WindowRun
+from .windows import PaddedWindows, WindowRun
 from .workspace import Workspace
 
 # key -> (groups, n, n + 1): the mixing matrices with the bias appended
@@ -39,14 +42,55 @@ def mix_tokens(u: torch.Tensor, v: torch.Tensor, runs: Sequence[WindowRun],
     ``u`` and ``v`` are (T, K) (they may be strided halves of one tensor)
     whose rows are the ``runs``, in order, and whose channels are
     group-major: channel k belongs to group ``k // (K // groups)``.
-    Without autograd the result is written into ``v``'s storage (the
-    caller's own intermediate) and returned as a view of it, and the scratch
-    buffers come from ``workspace`` when one is given.
+    With a ``workspace`` (INFERENCE mode) the result is written into ``v``'s
+    storage (the caller's own intermediate) and returned as a view of it,
+    and the scratch buffers come from the workspace.
     """
-    if torch.is_grad_enabled() or torch.compiler.is_compiling():
-        # (torch.compile fuses the out-of-place form by itself)
+    if workspace is None:
         return _mix_with_autograd(u, v, runs, groups, mixing)
-    return _mix_in_place(u, v, runs, groups, mixing, workspace or Workspace())
+    return _mix_in_place(u, v, runs, groups, mixing, workspace)
+
+
+def mix_padded_windows(u: torch.Tensor, v: torch.Tensor,
+                       windows: PaddedWindows, groups: int,
+                       weights: torch.Tensor, bias: torch.Tensor,
+                       normalize: bool) -> torch.Tensor:
+    """Gated token mixing over padded full windows (a captured graph).
+
+    ``weights`` (groups, n, n) and ``bias`` (n,) are the full window's. The
+    padded keys are taken out: u is zeroed there, and with ``normalize``
+    (GQPE) ``weights`` are unnormalized softmax numerators whose rows are
+    divided by their sum over each window's real keys, which is the softmax
+    over the real keys. Outputs at padded queries are garbage, cropped later.
+    """
+    T, K = u.size(0), u.size(1)
+    n = windows.n
+    per_group = K // groups
+    mask = windows.token_mask.to(u.dtype)                       # (T, 1)
+    # Channels-major layout (groups, per_group, T): every view below merges
+    # or splits dimensions that are never a bare window count. (A tensor
+    # with a dimension of "windows" makes the tracer guard that it is not 1,
+    # which would refuse maps that fit one window.)
+    rows = _contiguous((u * mask).t()).view(groups, per_group, T)
+    if normalize:
+        # one more row per group carries the key mask: the same matmul then
+        # sums each query's weights over its window's real keys
+        rows = torch.cat([rows, mask.view(1, 1, T).expand(groups, 1, T)],
+                         dim=1)
+    width = rows.size(1)
+    # (an unconditional cast: no branch on dtypes, which FX cannot trace)
+    mixed = torch.bmm(rows.view(groups, -1, n),
+                      weights.transpose(1, 2).to(rows.dtype))
+    mixed = mixed.view(groups, width, T)
+    if normalize:
+        mixed = mixed[:, :per_group] / mixed[:, per_group:]
+    mixed = mixed.reshape(K, T) + bias.to(mixed.dtype)[
+        windows.position_in_window]
+    return v * mixed.t()
+
+
+def _contiguous(x: torch.Tensor) -> torch.Tensor:
+    return torch.clone(x, memory_format=torch.contiguous_format)
 
 
 def _run_views(u, v, runs, groups):

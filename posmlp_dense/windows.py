@@ -145,11 +145,14 @@ class WindowPlan:
                 start += n * count
         return tuple(runs)
 
-    def partition(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, W, C) map -> (T, C) token buffer, class by class."""
+    def partition(self, x: torch.Tensor, fresh: bool = False) -> torch.Tensor:
+        """(B, H, W, C) map -> (T, C) token buffer, class by class.
+
+        With ``fresh`` the buffer never shares memory with ``x`` (the
+        in-place inference path then owns it)."""
         B, H, W, C = x.shape
         assert (H, W) == (self.height, self.width), 'plan built for another size'
-        if len(self.classes) == 1:
+        if len(self.classes) == 1 and not fresh:
             return self._class_view(x, self.classes[0]).reshape(-1, C)
         out = x.new_empty(self.num_tokens(B), C)
         offset = 0
@@ -207,3 +210,81 @@ def in_window_index(key: Tuple[int, int, int, int], window: Tuple[int, int],
     ys = torch.arange(r0, r1, device=device)
     xs = torch.arange(c0, c1, device=device)
     return (ys[:, None] * window[1] + xs[None, :]).reshape(-1)
+
+
+class PaddedWindows:
+    """Windows for a captured graph (torch.compile / torch.export / ONNX / FX),
+    where map sizes may be symbolic.
+
+    The map is cut into whole windows, (B * windows, n) tokens, one class of
+    full windows that covers the map plus padding; ``token_mask`` (T, 1)
+    marks the real tokens. The gates take padded keys out
+    of the mixing (u is zeroed there, and GQPE's softmax is renormalized
+    over the real keys), so a real token's output is the one of the exact
+    partial window; padded tokens are computed and cropped away.
+
+    The layout is built with index arithmetic and gathers, never with views
+    of padded maps: a view's strides make the tracer guard on sizes (e.g.
+    "is the padding zero", "is there one window"), which would tie the graph
+    to the capture size. With gathers the same graph holds at every size.
+
+    ``origin`` (shifted windows) is where the window grid starts, as in
+    ``axis_segments``.
+    """
+
+    def __init__(self, x: torch.Tensor, window: Tuple[int, int],
+                 origin: Tuple[int, int] = (0, 0)):
+        # (size() by dimension: an FX proxy's shape cannot be unpacked)
+        B, H, W = x.size(0), x.size(1), x.size(2)
+        wh, ww = window
+        self.batch, self.height, self.width = B, H, W
+        self.window = tuple(window)
+        self.n = wh * ww
+        # leading padding puts the grid's first line at ``origin``
+        top, left = (wh - origin[0]) % wh, (ww - origin[1]) % ww
+        rows = (top + H + wh - 1) // wh
+        cols = (left + W + ww - 1) // ww
+        self.tokens_per_sample = rows * cols * self.n
+        # map row/column of every padded token, in window order
+        k = torch.arange(self.tokens_per_sample, device=x.device)
+        window_index, pos = k // self.n, k % self.n
+        ys = (window_index // cols) * wh + pos // ww - top
+        xs = _remainder(window_index, cols) * ww + pos % ww - left
+        real = (ys >= 0) & (ys < H) & (xs >= 0) & (xs < W)
+        # padded tokens copy a real one (any finite value; they are masked)
+        self.source = ys.clamp(0, H - 1) * W + xs.clamp(0, W - 1)
+        # token of every real map position (row-major), for the way back
+        q = torch.arange(H * W, device=x.device)
+        ym, xm = q // W + top, _remainder(q, W) + left
+        self.target = ((ym // wh) * cols + xm // ww) * self.n + \
+            (ym % wh) * ww + xm % ww
+        # the masks of the whole batch, from its own flat index (a repeat or
+        # a merging view would make the tracer guard on "one window")
+        whole = torch.arange(B * self.tokens_per_sample, device=x.device)
+        real = real.index_select(
+            0, _remainder(whole, self.tokens_per_sample)).to(torch.float32)
+        self.token_mask = real.unsqueeze(1)                  # (T, 1)
+        self.position_in_window = whole % self.n             # (T,)
+
+    def partition(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, W, C) map -> (B * windows * n, C) padded tokens."""
+        B, C = x.shape[0], x.shape[-1]
+        flat = x.reshape(B, self.height * self.width, C)
+        return flat.index_select(1, self.source).reshape(-1, C)
+
+    def reverse(self, tokens: torch.Tensor, batch) -> torch.Tensor:
+        """Padded tokens -> (B, H, W, C) map of the real tokens."""
+        C = tokens.shape[-1]
+        per_sample = tokens.view(batch, self.tokens_per_sample, C)
+        return per_sample.index_select(1, self.target).view(
+            batch, self.height, self.width, C)
+
+    def per_sample(self, values: torch.Tensor) -> torch.Tensor:
+        """Spread a per-sample (B,) tensor over the tokens: (T, 1)."""
+        return values.repeat_interleave(self.tokens_per_sample).view(-1, 1)
+
+
+def _remainder(index: torch.Tensor, divisor) -> torch.Tensor:
+    """``index % divisor`` for a possibly symbolic divisor, spelled with a
+    floor division (ONNX export has no remainder by a symbolic scalar)."""
+    return index - (index // divisor) * divisor

@@ -3,7 +3,7 @@
 Every block of a level produces intermediates of the same shapes.
 Allocating them afresh costs more than it seems: large buffers come straight
 from the operating system and every page is faulted in again on first write.
-During inference (no autograd) a level hands its blocks one Workspace, and
+In INFERENCE mode (forward_mode.py) a level hands its blocks one Workspace, and
 they write their intermediates into its buffers with the ``out=`` forms of
 the ops. Each name owns one flat storage that requests view (growing it when
 one needs more), so consecutive uses of a name share memory. It lives for
@@ -52,19 +52,7 @@ class Workspace:
         return flat[:numel].view(shape)
 
 
-def in_place_inference(x: torch.Tensor) -> bool:
-    """Whether a forward on ``x`` may overwrite its own intermediates: no
-    autograd (nothing keeps them for a backward), no autocast (whose casts
-    the out= forms would bypass) and no torch.compile (which fuses the
-    plain forms by itself)."""
-    return not (torch.is_grad_enabled()
-                or torch.is_autocast_enabled(x.device.type)
-                or torch.compiler.is_compiling())
-
-
-def inference_workspace(x: torch.Tensor) -> Optional[Workspace]:
-    """A Workspace for a level's forward on ``x`` when it may run in place
-    (see in_place_inference), else None."""
-    if not in_place_inference(x):
-        return None
-    return Workspace(CPU_RUN_ROWS if x.device.type == 'cpu' else None)
+def inference_workspace(device: torch.device) -> Workspace:
+    """The Workspace of one level's INFERENCE-mode forward (forward_mode.py):
+    cache-sized runs on the CPU, whole window classes elsewhere."""
+    return Workspace(CPU_RUN_ROWS if device.type == 'cpu' else None)

@@ -28,7 +28,8 @@ def _model(gate, **kwargs):
 def _assert_exact(model, size, tol=1e-5):
     x = torch.randn(1, 3, *size)
     with torch.no_grad():
-        ours = model.forward_levels(x)
+        ours = model.forward_intermediates(x, output_fmt='NHWC',
+            intermediates_only=True)
         ref = per_window_forward_levels(model, x)
     for level, (a, b) in enumerate(zip(ours, ref)):
         assert a.shape == b.shape
@@ -100,8 +101,9 @@ def test_equals_padding_with_masked_keys(gate):
     model = _model(gate)
     x = torch.randn(1, 3, 61, 83)
     with torch.no_grad():
-        ours = model.forward_levels(x)
-        feed = model.patch_embed(x)
+        ours = model.forward_intermediates(x, output_fmt='NHWC',
+            intermediates_only=True)
+        feed = model.patch_embed(x).permute(0, 3, 1, 2)
         for level, mine in zip(model.levels, ours):
             ref = padded_masked_level(level, feed)
             assert (mine - ref).abs().max() <= 1e-4
@@ -242,9 +244,11 @@ def test_gradients_flow_in_eval_mode_with_grad_enabled():
 def _assert_inference_equals_autograd(model):
     x = torch.randn(2, 3, 97, 161)
     with torch.no_grad():
-        fast = model.forward_levels(x)
+        fast = model.forward_intermediates(x, output_fmt='NHWC',
+            intermediates_only=True)
     with torch.enable_grad():
-        plain = model.forward_levels(x.requires_grad_())
+        plain = model.forward_intermediates(
+            x.requires_grad_(), output_fmt='NHWC', intermediates_only=True)
     for a, b in zip(fast, plain):
         assert (a - b.detach()).abs().max() <= 1e-5
 
@@ -268,11 +272,11 @@ def test_stem_inference_path_is_exact():
     x = torch.randn(2, 3, 113, 67)
     original = x.clone()
     with torch.no_grad():
-        fast = stem(x)
+        fast = stem(x, in_place=True)
     with torch.enable_grad():
         plain = stem(x.clone().requires_grad_())
     assert torch.equal(x, original)
-    assert fast.shape == (2, stem.projs[2].out_channels, 29, 17)
+    assert fast.shape == (2, 29, 17, stem.projs[2].out_channels)
     assert torch.equal(fast, plain.detach())
 
 

@@ -91,7 +91,8 @@ def test_out_indices_and_out_norm():
     raw = PosMLP(TINY_ARCH, out_indices=(1, 3), out_norm=False).eval()
     raw.load_state_dict(model.state_dict(), strict=False)
     with torch.no_grad():
-        maps = raw.forward_levels(x)
+        maps = raw.forward_intermediates(x, output_fmt='NHWC',
+            intermediates_only=True)
         normed = model.norm1(maps[1]).permute(0, 3, 1, 2)
     assert torch.allclose(normed, outs[0], atol=1e-6)
 

@@ -31,7 +31,7 @@ def guarded_model():
     """A model whose stem raises if anything gets past ``check_input``."""
     model = PosMLP(TINY_ARCH, check_finite=True).eval()
 
-    def stem_must_not_run(x):
+    def stem_must_not_run(x, **kwargs):
         raise _Reached('bad input got past check_input into the stem')
     model.patch_embed.forward = stem_must_not_run
     return model
@@ -72,7 +72,7 @@ BAD_INPUTS = [
 def test_bad_model_input_is_refused_at_the_boundary(guarded_model, make,
                                                     error, message):
     x = make()
-    for call in (guarded_model, guarded_model.forward_levels):
+    for call in (guarded_model, guarded_model.forward_intermediates):
         with pytest.raises(error, match=message):
             call(x)
 

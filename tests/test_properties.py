@@ -103,7 +103,8 @@ def test_shapes_finiteness_and_exact_partial_windows(arch, gate, shift, batch,
                     generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         outs = model(x)
-        levels = model.forward_levels(x)
+        levels = model.forward_intermediates(x, output_fmt='NHWC',
+            intermediates_only=True)
         reference = per_window_forward_levels(model, x)
     assert len(outs) == len(arch['embed_dims'])
     for i, (out, dim) in enumerate(zip(outs, arch['embed_dims'])):
@@ -127,8 +128,9 @@ def test_partial_windows_equal_padding_with_masked_keys(arch, gate, height,
     x = torch.randn(1, 3, height, width,
                     generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        levels = model.forward_levels(x)
-        feed = model.patch_embed(x)
+        levels = model.forward_intermediates(x, output_fmt='NHWC',
+            intermediates_only=True)
+        feed = model.patch_embed(x).permute(0, 3, 1, 2)
         for i, (level, ours) in enumerate(zip(model.levels, levels)):
             ref = padded_masked_level(level, feed)
             torch.testing.assert_close(ours, ref, **TOL,
@@ -148,8 +150,9 @@ def test_the_reference_is_not_vacuous():
         with torch.no_grad():
             ref = per_window_forward_levels(model, x)[0]
             feed = model.patch_embed(x)
-            naive = model.levels[0](F.pad(feed, (0, 4, 0, 1)))[:, :8, :11]
-            ours = model.forward_levels(x)[0]
+            naive = model.levels[0](F.pad(feed, (0, 0, 0, 4, 0, 1)))[:, :8, :11]
+            ours = model.forward_intermediates(x, output_fmt='NHWC',
+            intermediates_only=True)[0]
         torch.testing.assert_close(ours, ref, **TOL)
         assert (naive - ref).abs().max() > 50 * TOL['atol'], gate
         # ... and differs only where windows were partial

@@ -52,7 +52,8 @@ def test_parity_with_published_outputs(gate):
     assert learnable <= set(report.loaded)
     x = exp['input_224']
     with torch.no_grad():
-        maps = model.forward_levels(x)
+        maps = model.forward_intermediates(x, output_fmt='NHWC',
+            intermediates_only=True)
         for i in range(4):
             err = (maps[i].permute(0, 3, 1, 2) - exp[f'stage{i}_224']).abs()
             assert err.max() <= 1e-4, f'stage{i}: {err.max():.3g}'
@@ -87,7 +88,8 @@ def test_parity_at_other_tiled_sizes(gate, size):
     model.eval()
     x = torch.randn(1, 3, *size)
     with torch.no_grad():
-        ours = model.forward_levels(x)
+        ours = model.forward_intermediates(x, output_fmt='NHWC',
+            intermediates_only=True)
         ref = published_forward_levels(model, x)
     for a, b in zip(ours, ref):
         assert a.shape == b.shape

@@ -292,11 +292,12 @@ def test_isotropic_gqpe_centre():
 
 
 # -------------------------------------------------- effective receptive field
-def test_level_output_is_forward_levels():
+def test_level_output_is_forward_intermediates():
     model = _model('lrpe')
     x = torch.randn(1, 3, 45, 61)
     with torch.no_grad():
-        full = model.forward_levels(x)
+        full = model.forward_intermediates(x, output_fmt='NHWC',
+            intermediates_only=True)
         for level in range(4):
             assert torch.equal(pm.level_output(model, x, level), full[level])
 

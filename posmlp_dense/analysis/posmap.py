@@ -358,12 +358,7 @@ def conv_out(length: int, kernel: int = 3, stride: int = 2,
 def level_map_sizes(model: PosMLP, size: Tuple[int, int]
                     ) -> List[Tuple[int, int]]:
     """(h, w) of every level's map for an input image of ``size``."""
-    h, w = conv_out(conv_out(size[0])), conv_out(conv_out(size[1]))
-    sizes = [(h, w)]
-    for _ in range(1, len(model.levels)):
-        h, w = conv_out(h), conv_out(w)
-        sizes.append((h, w))
-    return sizes
+    return model.level_map_sizes(*size)
 
 
 def level_strides(model: PosMLP) -> List[int]:
@@ -371,19 +366,10 @@ def level_strides(model: PosMLP) -> List[int]:
 
 
 def level_output(model: PosMLP, x: torch.Tensor, level: int) -> torch.Tensor:
-    """The raw (B, H, W, C) output of ``level``; later levels are not run.
-
-    The same computation as ``model.forward_levels(x)[level]``.
-    """
-    model.check_input(x)
-    x = model.patch_embed(x)
-    if model.absolute_pos_embed is not None:
-        x = x + model.position_embedding(x.shape[-2:])
-    y = None
-    for i in range(level + 1):
-        y = model.levels[i](x)
-        x = y.permute(0, 3, 1, 2)
-    return y
+    """The raw (B, H, W, C) output of ``level``; later levels are not run."""
+    return model.forward_intermediates(
+        x, indices=[level], stop_early=True, output_fmt='NHWC',
+        intermediates_only=True)[0]
 
 
 def _axis_windows(plan, axis: int) -> List[Tuple[int, int]]:
@@ -439,7 +425,7 @@ def theoretical_reach(model: PosMLP, level: int, point: Tuple[int, int],
             lvl = model.levels[lv]
             depth = len(lvl.encoder)
             if depth:
-                plans = lvl.plans(*sizes[lv])
+                plans = lvl.window_plans(*sizes[lv])
                 for j in reversed(range(depth)):
                     spans = _axis_windows(plans[j % len(plans)], axis)
                     lo, hi = _expand_to_windows(lo, hi, spans)
@@ -455,7 +441,8 @@ def theoretical_reach(model: PosMLP, level: int, point: Tuple[int, int],
 def window_grid(model: PosMLP, level: int, size: Tuple[int, int]
                 ) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
     """Token spans of the windows of a level's first block: (rows, cols)."""
-    plan = model.levels[level].plans(*level_map_sizes(model, size)[level])[0]
+    plan = model.levels[level].window_plans(
+        *level_map_sizes(model, size)[level])[0]
     return _axis_windows(plan, 0), _axis_windows(plan, 1)
 
 

@@ -82,7 +82,9 @@ class PublishedPort(nn.Module):
         if getattr(level, 'shift', False):
             raise TypeError('the published port covers unshifted windows '
                             'only (shift=False, as published)')
-        x = level.pool(x) if hasattr(level, 'pool') else x.permute(0, 2, 3, 1)
+        x = x.permute(0, 2, 3, 1)
+        if hasattr(level, 'pool'):
+            x = level.pool(x)
         B, H, W, C = x.shape
         wh, ww = level.window
         Hp, Wp = -(-H // wh) * wh, -(-W // ww) * ww
@@ -110,7 +112,7 @@ class PublishedPort(nn.Module):
         m = self.model
         x = self.stem(m.patch_embed, x)
         if getattr(m, 'absolute_pos_embed', None) is not None:
-            x = x + m.position_embedding(x.shape[-2:])
+            x = x + m.position_embedding(x.shape[-2:]).permute(0, 3, 1, 2)
         maps = []
         for level in m.levels:
             y = self.level(level, x)

@@ -14,7 +14,8 @@ from typing import Dict, Tuple
 import torch
 from torch import nn
 
-from ..windows import in_window_index
+from ..token_mixing import mix_padded_windows, mix_tokens
+from ..windows import PaddedWindows, in_window_index
 
 Key = Tuple[int, int, int, int]
 
@@ -55,9 +56,24 @@ class GateUnit(nn.Module):
         """Mixing matrices (groups, n, n) and bias (n,) for these tokens."""
         raise NotImplementedError
 
-    # The cache is Python bookkeeping; under torch.compile it runs eagerly
-    # (one window class per call would otherwise recompile each time).
-    @torch.compiler.disable
+    def full_window_mixing(self) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+        """For a captured graph (padded windows): the full window's weights
+        (groups, N, N), bias (N,), and whether the weights are softmax
+        numerators to be normalized over each window's real keys (GQPE).
+        Computed in the graph from the parameters, never cached."""
+        raise NotImplementedError
+
+    def mix(self, u: torch.Tensor, v: torch.Tensor, windows,
+            workspace=None) -> torch.Tensor:
+        """Gated mixing of u into v over ``windows``: padded windows (a
+        captured graph) or a sequence of WindowRuns (exact windows)."""
+        if isinstance(windows, PaddedWindows):
+            weights, bias, normalize = self.full_window_mixing()
+            return mix_padded_windows(u, v, windows, self.groups, weights,
+                                      bias, normalize)
+        return mix_tokens(u, v, windows, self.groups, self.augmented_mixing,
+                          workspace)
+
     def augmented_mixing(self, key: Key) -> torch.Tensor:
         """(groups, n, n + 1): the mixing matrices with the bias appended.
 

@@ -91,6 +91,25 @@ class GQPE(PositionBias):
                            torch.zeros((), dtype=weights.dtype,
                                        device=weights.device), weights)
 
+    def full_window_weights(self):
+        """(groups, N, N) unnormalized softmax weights of the full window,
+        for padded windows, where each row is normalized over a window's
+        real keys (token_mixing.mix_padded_windows).
+
+        exp(score - shift) with shift = max(row max - 60, 0): the zero
+        offset (the query itself, always a real key) scores 0, so its
+        weight exp(-shift) keeps every real-key sum far from underflow,
+        while no weight can overflow. Weights below NEGLIGIBLE_WEIGHT times
+        that query's own weight are dropped, as in ``weights``.
+        """
+        scores = torch.einsum('mnf,sf->smn', self.rel_indices,
+                              self.score_coefficients())
+        shift = (scores.amax(dim=-1, keepdim=True) - 60.0).clamp_min(0.0)
+        numerators = torch.exp(scores - shift)
+        floor = NEGLIGIBLE_WEIGHT * torch.exp(-shift)
+        return torch.where(numerators < floor, torch.zeros_like(numerators),
+                           numerators), True
+
     def extra_repr(self) -> str:
         return (f'window={self.window}, groups={self.groups}, '
                 f'generalized={self.generalized}')

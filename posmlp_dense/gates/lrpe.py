@@ -22,6 +22,8 @@ from .position_bias import PositionBias
 
 
 class LRPE(PositionBias):
+    resizable_tensors = ('token_proj_n_bias',
+                         'window_relative_position_bias_table')
 
     def __init__(self, window: Tuple[int, int], groups: int):
         super().__init__(window)
@@ -42,6 +44,12 @@ class LRPE(PositionBias):
         n = index.numel()
         table = self.window_relative_position_bias_table
         return table[rel.reshape(-1)].view(n, n, self.groups).permute(2, 0, 1)
+
+    def full_window_weights(self):
+        n = self.window[0] * self.window[1]
+        table = self.window_relative_position_bias_table
+        weights = table[self.window_relative_position_index.reshape(-1)]
+        return weights.view(n, n, self.groups).permute(2, 0, 1), False
 
     def checkpoint_window(self, state, prefix):
         bias = state[prefix + 'token_proj_n_bias']

@@ -7,14 +7,12 @@ the per-group matrices of a positional encoding (GQPE or LRPE, at
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
 from timm.layers import trunc_normal_
 
-from ..token_mixing import mix_tokens
-from ..windows import WindowRun
 from ..workspace import Workspace
 from .base import GateUnit
 from .gqpe import GQPE
@@ -58,14 +56,20 @@ class PoSGU(GateUnit):
             weights = weights + self.token_proj_n_weight[:, index][:, :, index]
         return weights, self.pos.bias(index)
 
-    def forward(self, hidden: torch.Tensor, runs: Sequence[WindowRun],
+    def full_window_mixing(self):
+        weights, normalize = self.pos.full_window_weights()
+        if not self.pos_only:
+            weights = weights + self.token_proj_n_weight
+        return weights, self.pos.token_proj_n_bias.view(-1), normalize
+
+    def forward(self, hidden: torch.Tensor, windows,
                 workspace: Optional[Workspace] = None) -> torch.Tensor:
         """``hidden`` (T, 2K), activated, -> (T, K). Both halves of
         ``hidden`` and the result have their channels in ``channel_order``.
-        Without autograd the result overwrites ``hidden``'s second half."""
+        With a ``workspace`` the result overwrites ``hidden``'s second
+        half."""
         u, v = hidden.chunk(2, dim=-1)
-        return mix_tokens(u, v, runs, self.groups,
-                          self.augmented_mixing, workspace)
+        return self.mix(u, v, windows, workspace)
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, pos_only={self.pos_only}'

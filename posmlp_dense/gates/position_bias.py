@@ -31,6 +31,8 @@ DERIVED_BUFFERS = ('rel_indices', 'window_relative_position_index')
 
 
 class PositionBias(nn.Module):
+    # tensors whose shape follows the window; the load hook resizes them
+    resizable_tensors: Tuple[str, ...] = ('token_proj_n_bias',)
 
     def __init__(self, window: Tuple[int, int]):
         super().__init__()
@@ -60,6 +62,11 @@ class PositionBias(nn.Module):
         return self.token_proj_n_bias.view(-1)[index]
 
     def weights(self, index: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def full_window_weights(self) -> Tuple[torch.Tensor, bool]:
+        """(groups, N, N) weights of the full window for padded windows, and
+        whether they are softmax numerators to normalize over real keys."""
         raise NotImplementedError
 
     def checkpoint_window(self, state: Dict[str, torch.Tensor], prefix: str

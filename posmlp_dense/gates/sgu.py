@@ -8,13 +8,11 @@ ablations; state-dict names follow the published code (``norm_list.0``,
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
-from ..token_mixing import mix_tokens
-from ..windows import WindowRun
 from ..workspace import Workspace
 from .base import GateUnit
 
@@ -42,13 +40,15 @@ class SGU(GateUnit):
         proj = self.proj_list[0]
         return proj.weight[index][:, index].unsqueeze(0), proj.bias[index]
 
-    def forward(self, hidden: torch.Tensor, runs: Sequence[WindowRun],
+    def full_window_mixing(self):
+        proj = self.proj_list[0]
+        return proj.weight.unsqueeze(0), proj.bias, False
+
+    def forward(self, hidden: torch.Tensor, windows,
                 workspace: Optional[Workspace] = None) -> torch.Tensor:
         """``hidden`` (T, 2K), activated, -> (T, K)."""
         u, v = hidden.chunk(2, dim=-1)
-        u = self.norm_list[0](u)
-        return mix_tokens(u, v, runs, 1, self.augmented_mixing,
-                          workspace=workspace)
+        return self.mix(self.norm_list[0](u), v, windows, workspace)
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, window={self.window}'
