@@ -4,10 +4,11 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from torch import nn
-from timm.layers import trunc_normal_
+from timm.layers import register_notrace_module, trunc_normal_
 from timm.models._features import feature_take_indices
 
 from .archs import LevelSpec, build_level_specs, check_index_range
@@ -20,6 +21,10 @@ from .windows import PaddedWindows, make_plan
 from .workspace import inference_workspace
 
 
+# timm's convention for modules FX feature extraction does not trace into:
+# a level then runs eagerly inside the traced graph (its exact windows and
+# fast inference path, so FX outputs equal eager ones bit for bit).
+@register_notrace_module
 class PosMLPLevel(nn.Module):
     """Optional downsampling, then blocks that mix tokens inside windows.
 
@@ -70,9 +75,12 @@ class PosMLPLevel(nn.Module):
                      for o in self.grid_origins(height, width))
 
     def forward(self, x: torch.Tensor,
-                mode: ForwardMode = ForwardMode.AUTOGRAD) -> torch.Tensor:
-        """(B, H, W, C) map in, (B, H', W', C') map out (see forward_mode.py
-        for ``mode``)."""
+                mode: Optional[ForwardMode] = None) -> torch.Tensor:
+        """(B, H, W, C) map in, (B, H', W', C') map out. ``mode``: as decided
+        by PosMLP.forward (forward_mode.py); None (a level called on its own,
+        or as an FX leaf) decides it here."""
+        if mode is None:
+            mode = decide_forward_mode(x, self.training)
         if hasattr(self, 'pool'):
             x = self.pool(x)
         if len(self.encoder) == 0:
@@ -319,8 +327,10 @@ class PosMLP(nn.Module):
             x = x + self.position_embedding(x.shape[1:3])
         levels = self.levels[:last + 1] if stop_early else self.levels
         intermediates = []
+        # (under FX tracing the levels are leaves that decide at run time)
+        level_mode = None if isinstance(x, torch.fx.Proxy) else mode
         for i, level in enumerate(levels):
-            x = level(x, mode)
+            x = level(x, level_mode)
             if i in take:
                 y = x
                 if norm and hasattr(self, f'norm{i}'):
