@@ -56,6 +56,7 @@ LOADING = 'tests/test_loading_across_windows.py'
 ATOMIC = 'tests/test_atomic_writes.py'
 GRADIENTS = 'tests/test_gradients.py'
 NUMERICS = 'tests/test_gate_numerics.py'
+EXPORT_EAGER = 'tests/test_export.py::test_eager_modes_agree_with_the_graph_mode'
 
 MUTATIONS: List[Mutation] = [
     # ------------------------------------------ loading, resizing, writing
@@ -148,6 +149,19 @@ MUTATIONS: List[Mutation] = [
         'torch.arange(channels).view(channels // groups, groups).t()',
         'torch.arange(channels).view(groups, channels // groups)',
         (NUMERICS,), forward=True),
+    # --------------------------------- the captured-graph (export) forward
+    Mutation(
+        'padded windows: GQPE softmax not renormalized over the real keys',
+        'posmlp_dense/token_mixing.py',
+        'mixed = mixed[:, :per_group] / mixed[:, per_group:]',
+        'mixed = mixed[:, :per_group]',
+        (EXPORT_EAGER,), forward=True),
+    Mutation(
+        'padded windows: padded keys not masked out of u',
+        'posmlp_dense/token_mixing.py',
+        'rows = _contiguous((u * mask).t())',
+        'rows = _contiguous(u.t())',
+        (EXPORT_EAGER,), forward=True),
 ]
 
 
