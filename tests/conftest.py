@@ -62,3 +62,13 @@ def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: intra-op threads only add synchronization, which on a
+    busy machine costs more than the work itself."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

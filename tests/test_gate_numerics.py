@@ -17,14 +17,7 @@ from conftest import TINY_ARCH, randomize_
 from reference import gqpe_scores, per_window_forward_levels
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronization, which on a
-    busy machine costs more than the work itself."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 def level_maps(model, x):

@@ -32,14 +32,7 @@ GATES = [('gqpe', {}), ('gqpe', dict(gqpe_generalized=False)),
 GATE_IDS = ['gqpe', 'gqpe_isotropic', 'lrpe', 'lrpe_token_matrix', 'sgu']
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronization, which on a
-    busy machine costs more than the work itself."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 def _model(arch, gate, seed=0, **kwargs):

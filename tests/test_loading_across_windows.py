@@ -41,14 +41,7 @@ PATHS = ('load_state_dict', 'load_pretrained', 'init_cfg')
 WINDOW_PAIRS = [((7, 7), (14, 14)), ((14, 14), (7, 7)), ((7, 7), (5, 5))]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronization, which on a
-    busy machine costs more than the work itself."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 # ------------------------------------------- the convention, done by hand

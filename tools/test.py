@@ -25,9 +25,6 @@ def parse_args():
     parser.add_argument('--show-dir', help='save pictures of the '
                         'predictions in this folder')
     launch.add_common_arguments(parser)
-    parser.add_argument('--skip-preflight', action='store_true',
-                        help='do not check first that the data and '
-                        'checkpoints the config names exist')
     return parser.parse_args()
 
 

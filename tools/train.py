@@ -27,9 +27,6 @@ def parse_args():
                         help="scale the LR with the total batch size "
                         "(needs the config's auto_scale_lr)")
     launch.add_common_arguments(parser)
-    parser.add_argument('--skip-preflight', action='store_true',
-                        help='do not check first that the data and '
-                        'checkpoints the config names exist')
     return parser.parse_args()
 
 

@@ -118,6 +118,9 @@ def add_common_arguments(parser):
     parser.add_argument('--launcher', default='none',
                         choices=['none', 'pytorch', 'slurm', 'mpi'])
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    parser.add_argument('--skip-preflight', action='store_true',
+                        help='do not check first that the data and '
+                        'checkpoints the config names exist')
 
 
 def set_local_rank(local_rank: int):
