@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""Make the built-in demo datasets (COCO-format shapes + ADE20K-layout shapes).
+"""Make the built-in demo datasets (COCO-format shapes + ADE20K-layout shapes,
+and, on request, a shape-classification ImageFolder tree for pretraining).
 
     python tools/make_demo_data.py      # -> data/demo_coco, data/demo_ade
     python tools/make_demo_data.py --seed 1 --det-train 256 --size 160 224
+    python tools/make_demo_data.py --sets cls     # -> data/demo_cls
 
 A set that is already there with the same seed and parameters is kept unless
 ``--force``; one made with other parameters is regenerated in place.
@@ -10,9 +12,11 @@ A set that is already there with the same seed and parameters is kept unless
 from __future__ import annotations
 
 import argparse
+import os.path as osp
 import sys
 import time
 
+from posmlp_dense.data import shape_classes
 from posmlp_dense.data import shapes as demo_data
 
 
@@ -36,6 +40,20 @@ def parse_args(argv=None):
     parser.add_argument('--size', type=int, nargs=2, default=None,
                         metavar=('H', 'W'),
                         help='image height and width (default: 192 256)')
+    parser.add_argument('--sets', nargs='+', choices=['det', 'seg', 'cls'],
+                        default=['det', 'seg'],
+                        help='which sets: det (demo_coco), seg (demo_ade), '
+                        'cls (demo_cls, classification for '
+                        'tools/pretrain.py); default: det seg')
+    parser.add_argument('--cls-train', type=int, default=900,
+                        help='classification training images (default: 900)')
+    parser.add_argument('--cls-val', type=int, default=150,
+                        help='classification validation images '
+                        '(default: 150)')
+    parser.add_argument('--cls-size', type=int,
+                        default=shape_classes.DEFAULT_IMAGE_SIZE,
+                        help='classification image side (default: '
+                        f'{shape_classes.DEFAULT_IMAGE_SIZE})')
     parser.add_argument('--force', action='store_true',
                         help='regenerate even if an identical set exists')
     return parser.parse_args(argv)
@@ -45,20 +63,38 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
     size = tuple(args.size) if args.size else demo_data.DEFAULT_IMAGE_SIZE
+    common = dict(seed=args.seed, image_size=size,
+                  reuse_existing=not args.force)
     try:
-        result = demo_data.make_demo_data(
-            args.out, seed=args.seed, det_train=args.det_train,
-            det_val=args.det_val, seg_train=args.seg_train,
-            seg_val=args.seg_val, image_size=size, force=args.force,
-            verbose=True)
+        if 'det' in args.sets:
+            det = demo_data.make_detection_set(
+                osp.join(args.out, 'demo_coco'), num_train=args.det_train,
+                num_val=args.det_val, **common)
+            demo_data._report('detection', det)
+            print(f'  classes: {", ".join(det["classes"])} '
+                  '(COCO category ids 1..3)')
+        if 'seg' in args.sets:
+            seg = demo_data.make_segmentation_set(
+                osp.join(args.out, 'demo_ade'), num_train=args.seg_train,
+                num_val=args.seg_val, **common)
+            demo_data._report('segmentation', seg)
+            print(f'  classes: {", ".join(seg["classes"])} '
+                  '(label values 1..4, read with reduce_zero_label=True)')
+        if 'cls' in args.sets:
+            cls = shape_classes.make_classification_set(
+                shape_classes.default_root(args.out),
+                num_train=args.cls_train, num_val=args.cls_val,
+                image_size=args.cls_size, seed=args.seed,
+                reuse_existing=not args.force)
+            done = 'kept the existing set' if cls['reused'] else \
+                f'wrote it in {cls["seconds"]:.2f} s'
+            print(f'classification: {cls["root"]}: {cls["num_train"]} train '
+                  f'+ {cls["num_val"]} val images of {args.cls_size}x'
+                  f'{args.cls_size}, classes {", ".join(cls["classes"])} '
+                  f'(ImageFolder tree); {done}')
     except ValueError as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
-    det, seg = result['detection'], result['segmentation']
-    print(f'detection classes:    {", ".join(det["classes"])} '
-          '(COCO category ids 1..3)')
-    print(f'segmentation classes: {", ".join(seg["classes"])} '
-          '(label values 1..4, read with reduce_zero_label=True)')
     print(f'done in {time.perf_counter() - start:.2f} s')
     return 0
 

@@ -84,8 +84,9 @@ def _precision(device: torch.device, amp: Optional[bool], recipe: Recipe):
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, device: torch.device, autocast,
              num_classes: int) -> dict:
-    """Top-1/top-5 and loss over the whole validation split, exact under
-    DDP (the padding that evens out the processes' shares is not counted)."""
+    """Top-1 (top-5 with more than 5 classes) and loss over the whole
+    validation split, exact under DDP (the padding that evens out the
+    processes' shares is not counted)."""
     model.eval()
     sampler = loader.sampler
     valid = getattr(sampler, 'num_valid_samples', len(loader.dataset))
@@ -112,8 +113,17 @@ def evaluate(model: nn.Module, loader, device: torch.device, autocast,
         torch.distributed.all_reduce(sums)
     loss, correct1, correct5, count = sums.tolist()
     count = max(count, 1)
-    return dict(loss=loss / count, top1=100 * correct1 / count,
-                top5=100 * correct5 / count)
+    metrics = dict(loss=loss / count, top1=100 * correct1 / count)
+    if num_classes > 5:
+        metrics['top5'] = 100 * correct5 / count
+    return metrics
+
+
+def _describe(metrics: dict, prefix: str = '') -> str:
+    text = f'{prefix}top-1 {metrics["top1"]:.2f}'
+    if 'top5' in metrics:
+        text += f' top-5 {metrics["top5"]:.2f}'
+    return text
 
 
 def train_one_epoch(epoch, num_epochs, model, loader, optimizer, scheduler,
@@ -264,15 +274,13 @@ def pretrain(run: RunSettings, recipe: Recipe) -> dict:
         # the bare model: no DDP collectives, the processes' shares differ
         metrics = evaluate(checkpoints.unwrap(model), loaders.val, device,
                            autocast, num_classes)
-        line = (f'epoch {epoch + 1}/{num_epochs} validation: top-1 '
-                f'{metrics["top1"]:.2f} top-5 {metrics["top5"]:.2f} loss '
-                f'{metrics["loss"]:.4f}')
+        line = (f'epoch {epoch + 1}/{num_epochs} validation: '
+                f'{_describe(metrics)} loss {metrics["loss"]:.4f}')
         eval_row = dict(metrics)
         if ema is not None:
             ema_metrics = evaluate(ema.module, loaders.val, device, autocast,
                                    num_classes)
-            line += (f' | EMA top-1 {ema_metrics["top1"]:.2f} top-5 '
-                     f'{ema_metrics["top5"]:.2f}')
+            line += f' | {_describe(ema_metrics, "EMA ")}'
             eval_row.update({f'ema_{k}': v for k, v in ema_metrics.items()})
         score = eval_row['ema_top1' if ema is not None else 'top1']
         improved = best is None or score > best

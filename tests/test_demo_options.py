@@ -1,0 +1,136 @@
+"""tools/demo.py: --epochs / --iters / --pretrained, and empty predictions."""
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+from mmengine.config import Config, DictAction
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DET = 'configs/demo/retinanet_posmlp_t_fpn_demo-shapes.py'
+SEG = 'configs/demo/fpn_posmlp_t_demo-shapes.py'
+
+
+def _load_demo():
+    spec = importlib.util.spec_from_file_location(
+        'demo_tool', osp.join(ROOT, 'tools', 'demo.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+demo = _load_demo()
+
+
+_PARSED = {}
+
+
+def _parsed(config: str) -> Config:
+    """A fresh copy of a demo config (parsed once: its mmdet/mmseg bases
+    take seconds to resolve)."""
+    if config not in _PARSED:
+        _PARSED[config] = Config.fromfile(osp.join(ROOT, config))
+    return copy.deepcopy(_PARSED[config])
+
+
+def _merged(config: str, options: list) -> Config:
+    """The config as train.py sees it after --cfg-options OPTIONS."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    parsed = parser.parse_args(['--cfg-options'] + options).cfg_options
+    cfg = _parsed(config)
+    cfg.merge_from_dict(parsed)
+    return cfg
+
+
+def test_epochs_move_the_whole_detection_schedule():
+    cfg = _merged(DET, demo.schedule_options(DET, 3))
+    assert cfg.train_cfg.max_epochs == 3
+    assert cfg.train_cfg.val_interval == 3
+    assert cfg.default_hooks.checkpoint.interval == 3
+    warmup, cosine = cfg.param_scheduler
+    assert cosine.type == 'CosineAnnealingLR' and cosine.end == 3
+    # the warmup counts iterations, not epochs: left as it is
+    assert warmup.by_epoch is False and warmup.end == 50
+
+
+def test_iters_move_the_segmentation_schedule_and_its_warmup():
+    original = _parsed(SEG)
+    assert original.param_scheduler[0].end == 20  # the warmup below moves
+    cfg = _merged(SEG, demo.schedule_options(SEG, 10))
+    assert cfg.train_cfg.max_iters == 10
+    assert cfg.train_cfg.val_interval == 10
+    assert cfg.default_hooks.checkpoint.interval == 10
+    warmup, poly = cfg.param_scheduler
+    assert warmup.end == 2 and poly.begin == 2 and poly.end == 10
+    longer = _merged(SEG, demo.schedule_options(SEG, 900))
+    assert longer.param_scheduler[0].end == 20
+    assert longer.param_scheduler[1].begin == 20
+    assert longer.param_scheduler[1].end == 900
+
+
+def test_pretrained_option_replaces_the_demo_backbones_none_init_cfg(
+        tmp_path):
+    ckpt = tmp_path / 'pre.pth'
+    cfg = _merged(DET, demo.pretrained_options(str(ckpt)))
+    assert cfg.model.backbone.init_cfg == dict(type='Pretrained',
+                                               checkpoint=str(ckpt))
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--task', 'det', '--iters', '5'], '--iters'),
+    (['--task', 'seg', '--epochs', '5'], '--epochs'),
+    (['--epochs', '0'], 'must be positive'),
+    (['--pretrained', '/nonexistent/ckpt.pth'], 'not found'),
+])
+def test_options_that_do_not_apply_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        demo.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_all_tasks_take_both_options():
+    args = demo.parse_args(['--task', 'all', '--epochs', '2', '--iters',
+                            '7'])
+    assert (args.epochs, args.iters) == (2, 7)
+
+
+def test_empty_metrics_are_an_map_of_zero(tmp_path):
+    path = tmp_path / 'metrics.json'
+    path.write_text('{}\n')
+    assert demo.read_metric(str(path), 'coco/bbox_mAP') == 0.0
+    path.write_text(json.dumps({'coco/bbox_mAP_50': 0.5}))
+    with pytest.raises(KeyError, match='coco/bbox_mAP'):
+        demo.read_metric(str(path), 'coco/bbox_mAP')  # a real mix-up
+
+
+def test_one_epoch_demo_with_no_predictions_reports_zero(tmp_path):
+    """The whole demo on a short schedule where the model predicts
+    nothing (score threshold above any sigmoid): it used to stop with
+    KeyError: 'coco/bbox_mAP'."""
+    work = tmp_path / 'demo'
+    small = ['train_dataloader.dataset.indices=8',
+             'train_dataloader.batch_size=4',
+             'val_dataloader.dataset.indices=4',
+             'test_dataloader.dataset.indices=4',
+             'model.test_cfg.score_thr=1.01']
+    res = subprocess.run(
+        [sys.executable, 'tools/demo.py', '--epochs', '1', '--work-dir',
+         str(work), '--cfg-options'] + small,
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        env=dict(os.environ, PYTHONPATH=ROOT))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert 'untrained 0.000 -> trained 0.000' in out
+    assert 'no predictions' in out
+    assert osp.isfile(work / 'det' / 'train' / 'epoch_1.pth')
+    assert not osp.exists(work / 'det' / 'train' / 'epoch_2.pth')
+    assert json.loads((work / 'det' / 'metrics.json').read_text()) == {}
