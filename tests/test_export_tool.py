@@ -283,7 +283,7 @@ def segmentor_export(tiny_seg_config, tmp_path_factory):
     """The tool, run once on a tiny Semantic FPN from a training checkpoint
     laid out as mmengine's Runner saves it (message hub included)."""
     from mmengine.logging import MessageHub
-    from posmlp_dense.export import SegmentorLogits, build_segmentor
+    from posmlp_dense.export import build_segmentor
     folder = tmp_path_factory.mktemp('segmentor')
     segmentor = randomize_(build_segmentor(str(tiny_seg_config)),
                            seed=3).eval()
@@ -297,7 +297,8 @@ def segmentor_export(tiny_seg_config, tmp_path_factory):
         '--config', str(tiny_seg_config), '--checkpoint', str(checkpoint),
         '--shape', '192', '256', '--out', str(out)])
     return SimpleNamespace(status=status, stdout=stdout, stderr=stderr,
-                           out=out, model=SegmentorLogits(segmentor).eval())
+                           out=out, config=tiny_seg_config,
+                           checkpoint=checkpoint)
 
 
 def test_tool_exports_and_verifies_the_segmentor(segmentor_export):
@@ -308,15 +309,42 @@ def test_tool_exports_and_verifies_the_segmentor(segmentor_export):
             if line.startswith('| ') and 'logits' in line]
     assert len(rows) == 3 and all(row.endswith('| yes |') for row in rows)
     assert 'mean [123.675, 116.28, 103.53]' in run.stdout
+    assert '6 mmseg Upsample modules computed with a symbolic size' in \
+        run.stdout  # FPN head: 3 + 2 + 1 for its scale heads
 
 
-def test_segmentor_file_gives_the_checkpoint_logits(segmentor_export):
+def test_segmentor_file_gives_mmsegs_own_logits(segmentor_export):
+    """Against the segmentor as mmseg builds it (its own Upsample modules),
+    loaded from the checkpoint, at a size nobody verified."""
+    from posmlp_dense.export import build_segmentor
+    segmentor = build_segmentor(str(segmentor_export.config),
+                                str(segmentor_export.checkpoint))
     x = torch.randn(1, 3, 97, 161)
     (got,) = _onnx_outputs(segmentor_export.out, x)
     with torch.no_grad():
-        ref = segmentor_export.model(x)
+        ref = segmentor(x, mode='tensor')
     assert got.shape == tuple(ref.shape) == (1, 4, 25, 41)
     np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('mode,align_corners', [
+    ('bilinear', False), ('bilinear', True), ('nearest', None)])
+def test_symbolic_upsample_computes_what_mmsegs_upsample_computes(
+        mode, align_corners):
+    mmseg_utils = pytest.importorskip('mmseg.models.utils')
+    from posmlp_dense.export.mmseg_upsample import make_upsampling_symbolic
+    model = nn.Sequential(
+        nn.Identity(), mmseg_utils.Upsample(scale_factor=2, mode=mode,
+                                            align_corners=align_corners),
+        mmseg_utils.Upsample(scale_factor=1.5, mode=mode,
+                             align_corners=align_corners))
+    x = torch.randn(2, 3, 7, 12)
+    with torch.no_grad():
+        before = model(x)
+        assert make_upsampling_symbolic(model) == 1  # not the 1.5 factor
+        after = model(x)
+    assert type(model[2]) is mmseg_utils.Upsample
+    assert before.shape == (2, 3, 21, 36) and torch.equal(before, after)
 
 
 def test_segmentor_checkpoint_of_another_model_is_refused(tiny_seg_config,

@@ -133,7 +133,12 @@ def build_segmentor_logits(args):
         print(f'input: unnormalized images ({conversion} BGR->RGB); '
               f'output: decode-head logits at its stride')
     name = f'{type(segmentor).__name__} of {osp.basename(args.config)}'
-    return SegmentorLogits(segmentor).eval(), name, ['logits']
+    model = SegmentorLogits(segmentor).eval()
+    if model.symbolic_upsamples:
+        print(f'{model.symbolic_upsamples} mmseg Upsample modules computed '
+              f'with a symbolic size (same outputs; as written they fix the '
+              f'export size into the graph)')
+    return model, name, ['logits']
 
 
 def main(argv=None):

@@ -5,7 +5,9 @@ preprocessor hands the model) to the decode head's logits: the segmentor's
 ``forward(inputs, mode='tensor')``. Preprocessing (mean/std, BGR->RGB,
 padding) and the post-processing to a label map stay outside the graph, as
 in mmdeploy; the logits are at the decode head's stride (1/4 for Semantic
-FPN and UperNet).
+FPN and UperNet). mmseg's ``Upsample`` modules are swapped for exact
+equivalents whose size stays symbolic (``mmseg_upsample.py``): as mmseg
+writes them they fix the example's size into the graph.
 """
 from __future__ import annotations
 
@@ -15,14 +17,20 @@ import torch
 from torch import nn
 
 from ..checkpoint import extract_state_dict
+from .mmseg_upsample import make_upsampling_symbolic
 
 
 class SegmentorLogits(nn.Module):
-    """Normalized images (B, 3, H, W) -> decode-head logits (B, K, h, w)."""
+    """Normalized images (B, 3, H, W) -> decode-head logits (B, K, h, w).
+
+    The segmentor's mmseg ``Upsample`` modules are replaced in place by
+    ``SymbolicUpsample`` (same outputs); ``symbolic_upsamples`` counts them.
+    """
 
     def __init__(self, segmentor: nn.Module):
         super().__init__()
         self.segmentor = segmentor
+        self.symbolic_upsamples = make_upsampling_symbolic(segmentor)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.segmentor(inputs, mode='tensor')
