@@ -311,7 +311,7 @@ def test_tool_exports_and_verifies_the_segmentor(segmentor_export):
             if line.startswith('| ') and 'logits' in line]
     assert len(rows) == 3 and all(row.endswith('| yes |') for row in rows)
     assert 'mean [123.675, 116.28, 103.53]' in run.stdout
-    assert '6 mmseg Upsample modules computed with a symbolic size' in \
+    assert '6 Upsample modules computed with symbolic sizes' in \
         run.stdout  # FPN head: 3 + 2 + 1 for its scale heads
 
 
@@ -369,6 +369,56 @@ def test_detector_config_is_refused_with_the_backbone_route(tmp_path):
                                    str(tmp_path / 'x.onnx')])
     assert status == 2 and 'not an mmseg config' in stderr
     assert '--arch' in stderr and os.listdir(tmp_path) == []
+
+
+TINY_UPERNET_CONFIG = '''
+_base_ = [{base!r}]
+model = dict(
+    backbone=dict(arch=dict(_delete_=True, embed_dims=(16, 32, 64, 128),
+                            depths=(1, 1, 1, 1), mlp_ratio=(4, 4, 4, 2),
+                            gamma=(4, 8, 16, 32), window_size=(14, 14, 14, 7)),
+                  init_cfg=None),
+    decode_head=dict(in_channels=[16, 32, 64, 128], channels=16,
+                     num_classes=5),
+    auxiliary_head=dict(in_channels=64, channels=16, num_classes=5))
+'''
+
+
+def test_upernet_exports_with_its_pyramid_pooling_right_at_every_size(
+        tmp_path):
+    """UperNet's PPM pools to 1, 2, 3 and 6 bins: as written, the ONNX
+    file would hold its bins for the export size only."""
+    pytest.importorskip('mmseg')
+    from posmlp_dense.export import SegmentorLogits, build_segmentor
+    config = tmp_path / 'upernet_tiny.py'
+    config.write_text(TINY_UPERNET_CONFIG.format(base=osp.join(
+        ROOT, 'configs', 'upernet_posmlp_t_8xb2-160k_ade20k-512x512.py')))
+    model = SegmentorLogits(randomize_(build_segmentor(str(config)),
+                                       seed=4))
+    assert model.replaced == {'Upsample': 0, 'AdaptiveAvgPool2d': 4}
+    result = export_verified(model, (2, 3, 192, 256),
+                             str(tmp_path / 'upernet.onnx'),
+                             output_names=['logits'])
+    assert result.passed, result.report.table()
+    # against mmseg's own modules (nn.AdaptiveAvgPool2d), same weights
+    reference = build_segmentor(str(config))
+    reference.load_state_dict(model.segmentor.state_dict())
+    x = torch.randn(1, 3, 97, 161)
+    (got,) = _onnx_outputs(result.path, x)
+    with torch.no_grad():
+        ref = reference(x, mode='tensor')
+    assert got.shape == tuple(ref.shape)
+    np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('bins', [1, 2, 3, 6, (2, 5)])
+def test_symbolic_adaptive_pooling_matches_pytorchs(bins):
+    from posmlp_dense.export import SymbolicAdaptiveAvgPool2d
+    for size in ((16, 16), (10, 15), (5, 6), (1, 1), (7, 97)):
+        x = torch.randn(2, 3, *size)
+        torch.testing.assert_close(SymbolicAdaptiveAvgPool2d(bins)(x),
+                                   nn.AdaptiveAvgPool2d(bins)(x),
+                                   rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------ command line

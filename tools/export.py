@@ -134,10 +134,10 @@ def build_segmentor_logits(args):
               f'output: decode-head logits at its stride')
     name = f'{type(segmentor).__name__} of {osp.basename(args.config)}'
     model = SegmentorLogits(segmentor).eval()
-    if model.symbolic_upsamples:
-        print(f'{model.symbolic_upsamples} mmseg Upsample modules computed '
-              f'with a symbolic size (same outputs; as written they fix the '
-              f'export size into the graph)')
+    for kind, count in model.replaced.items():
+        if count:
+            print(f'{count} {kind} modules computed with symbolic sizes (as '
+                  f'written, the graph would hold at the export size only)')
     return model, name, ['logits']
 
 

@@ -14,13 +14,16 @@ forward (logits) of an mmseg segmentor (``SegmentorLogits``).
 from .dependencies import ExportDependencyError, require_export_dependencies
 from .onnx import (DEFAULT_VERIFY_SIZES, DynamicShapeError, ExportResult,
                    OnnxGraph, export_onnx, export_verified, unverified_path)
+from .adaptive_pool import (SymbolicAdaptiveAvgPool2d,
+                            make_adaptive_pooling_symbolic)
 from .mmseg_upsample import SymbolicUpsample, make_upsampling_symbolic
 from .segmentor import SegmentorLogits, build_segmentor
 from .verification import SizeCheck, VerificationReport, verify_onnx
 
 __all__ = ['DEFAULT_VERIFY_SIZES', 'DynamicShapeError',
            'ExportDependencyError', 'ExportResult', 'OnnxGraph',
-           'SegmentorLogits', 'SizeCheck', 'SymbolicUpsample',
-           'VerificationReport', 'build_segmentor', 'export_onnx',
-           'export_verified', 'make_upsampling_symbolic',
+           'SegmentorLogits', 'SizeCheck', 'SymbolicAdaptiveAvgPool2d',
+           'SymbolicUpsample', 'VerificationReport', 'build_segmentor',
+           'export_onnx', 'export_verified', 'make_adaptive_pooling_symbolic',
+           'make_upsampling_symbolic',
            'require_export_dependencies', 'unverified_path', 'verify_onnx']

@@ -5,9 +5,10 @@ preprocessor hands the model) to the decode head's logits: the segmentor's
 ``forward(inputs, mode='tensor')``. Preprocessing (mean/std, BGR->RGB,
 padding) and the post-processing to a label map stay outside the graph, as
 in mmdeploy; the logits are at the decode head's stride (1/4 for Semantic
-FPN and UperNet). mmseg's ``Upsample`` modules are swapped for exact
-equivalents whose size stays symbolic (``mmseg_upsample.py``): as mmseg
-writes them they fix the example's size into the graph.
+FPN and UperNet). Two kinds of modules are swapped for equivalents whose
+sizes stay symbolic, as they would otherwise only be right at the export
+size: mmseg's ``Upsample`` (``mmseg_upsample.py``, Semantic FPN's head) and
+``nn.AdaptiveAvgPool2d`` (``adaptive_pool.py``, UperNet's pyramid pooling).
 """
 from __future__ import annotations
 
@@ -17,20 +18,25 @@ import torch
 from torch import nn
 
 from ..checkpoint import extract_state_dict
+from .adaptive_pool import make_adaptive_pooling_symbolic
 from .mmseg_upsample import make_upsampling_symbolic
 
 
 class SegmentorLogits(nn.Module):
     """Normalized images (B, 3, H, W) -> decode-head logits (B, K, h, w).
 
-    The segmentor's mmseg ``Upsample`` modules are replaced in place by
-    ``SymbolicUpsample`` (same outputs); ``symbolic_upsamples`` counts them.
+    In the segmentor, mmseg's ``Upsample`` and ``nn.AdaptiveAvgPool2d``
+    modules are replaced in place by ``SymbolicUpsample`` (same outputs) and
+    ``SymbolicAdaptiveAvgPool2d`` (same up to float rounding);
+    ``replaced`` counts them by the name of the module replaced.
     """
 
     def __init__(self, segmentor: nn.Module):
         super().__init__()
         self.segmentor = segmentor
-        self.symbolic_upsamples = make_upsampling_symbolic(segmentor)
+        self.replaced = {
+            'Upsample': make_upsampling_symbolic(segmentor),
+            'AdaptiveAvgPool2d': make_adaptive_pooling_symbolic(segmentor)}
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.segmentor(inputs, mode='tensor')
