@@ -71,7 +71,9 @@ def mix_padded_windows(u: torch.Tensor, v: torch.Tensor,
     # or splits dimensions that are never a bare window count. (A tensor
     # with a dimension of "windows" makes the tracer guard that it is not 1,
     # which would refuse maps that fit one window.)
-    rows = _contiguous((u * mask).t()).view(groups, per_group, T)
+    # where, not a product: a padded token may hold inf/NaN (see below)
+    real = _contiguous(torch.where(mask > 0, u, torch.zeros_like(u)).t())
+    rows = real.view(groups, per_group, T)
     if normalize:
         # one more row per group carries the key mask: the same matmul then
         # sums each query's weights over its window's real keys
@@ -83,7 +85,15 @@ def mix_padded_windows(u: torch.Tensor, v: torch.Tensor,
                       weights.transpose(1, 2).to(rows.dtype))
     mixed = mixed.view(groups, width, T)
     if normalize:
-        mixed = mixed[:, :per_group] / mixed[:, per_group:]
+        # A padded query far from every real key of its window can have all
+        # of its weight on padded keys: a zero sum. Its output is cropped,
+        # but a 0/0 there would be NaN, which reaches the next block's
+        # padded tokens and, in training, the gradients (0 * inf). The floor
+        # binds only for such queries: a real query's sum includes its own
+        # weight exp(-shift) (GQPE.full_window_weights), far above the floor
+        # unless its row's top score exceeds ~140.
+        mixed = mixed[:, :per_group] / mixed[:, per_group:].clamp_min(
+            torch.finfo(mixed.dtype).tiny)
     mixed = mixed.reshape(K, T) + bias.to(mixed.dtype)[
         windows.position_in_window]
     return v * mixed.t()

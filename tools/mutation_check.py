@@ -159,8 +159,8 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         'padded windows: padded keys not masked out of u',
         'posmlp_dense/token_mixing.py',
-        'rows = _contiguous((u * mask).t())',
-        'rows = _contiguous(u.t())',
+        'torch.where(mask > 0, u, torch.zeros_like(u))',
+        'u',
         (EXPORT_EAGER,), forward=True),
 ]
 
