@@ -157,22 +157,25 @@ def test_fx_feature_extraction(gate):
 
 
 def test_compile_dynamic_runs_across_sizes_without_recompiling():
-    """torch.compile(dynamic=True) runs at three sizes (untiled, and one
-    smaller than the deepest window) with eager's results, without a
-    recompile per size."""
+    """torch.compile(dynamic=True) runs at three untiled sizes with eager's
+    results and compiles one graph for all of them.
+
+    Two things outside the model's control do recompile: torch's conv shape
+    function branches on C*H*W > 20480 for each conv's input (with this
+    arch, images on both sides of about 300x300 pixels), and a size where
+    some level fits one window (the tracer's contiguity guard, see
+    test_torch_export_...). The sizes below stay on one side of both."""
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # (reset() keeps the counters)
     model = _model('gqpe')
     compiled = torch.compile(model, dynamic=True, backend='aot_eager',
                              fullgraph=True)
     with torch.no_grad():
-        for size in RUN_SIZES:
+        for size in ((301, 311), (347, 290), (330, 410)):
             x = torch.randn(1, 3, *size)
             assert _max_diff(compiled(x), _eager(model, x)) <= TOL, size
-    # one graph for the sizes with several windows per level, one more for
-    # the size whose deepest maps fit one window (the tracer's contiguity
-    # guard, see test_torch_export_...); a recompile per size would be 3
     graphs = torch._dynamo.utils.counters['stats']['unique_graphs']
-    assert graphs <= 2, f'{graphs} graphs compiled for 3 sizes'
+    assert graphs == 1, f'{graphs} graphs compiled for 3 sizes'
 
 
 def test_eager_modes_agree_with_the_graph_mode():
