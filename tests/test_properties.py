@@ -37,7 +37,10 @@ from reference import padded_masked_level, per_window_forward_levels
 
 GATES = ('gqpe', 'lrpe', 'sgu')
 AMPLIFY = 8.0
-TOL = dict(rtol=1e-5, atol=2e-5)  # measured errors: < 1e-6
+# measured errors are mostly < 1e-6; a random example (gqpe, a 1 x 4 window
+# at a deep level) once reached 2.1e-5 on a value of 0.055: fp32 rounding
+# of softmax sums, far below what a masking or window bug gives (> 1e-2)
+TOL = dict(rtol=1e-4, atol=5e-5)
 # hypothesis caches data under ./.hypothesis by default: keep the checkout
 # clean
 set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(),
