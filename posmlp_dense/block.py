@@ -14,14 +14,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from .archs import LevelSpec
+from .block_function import lean_block_forward
 from .gates import build_gate
+from .gates.posgu import PoSGU
 from .windows import PaddedWindows, WindowPlan
+from .workspace import Workspace
 
 Windows = Union[WindowPlan, PaddedWindows]
-from .workspace import Workspace
 
 
 class PosMLPBlock(nn.Module):
+    # AUTOGRAD mode with exact windows runs a PoSGU block as one autograd
+    # Function that keeps less than half the activations
+    # (block_function.py). False: autograd through each operation (the
+    # reference the Function is tested against).
+    lean_backward = True
 
     def __init__(self, spec: LevelSpec, gate: str, drop_path: float = 0.0,
                  pos_only: bool = True, generalized: bool = True,
@@ -44,17 +51,33 @@ class PosMLPBlock(nn.Module):
         its buffers and ``x`` is updated in place."""
         if workspace is not None:
             return self._forward_in_place(x, windows, batch, workspace)
+        if self._runs_lean(windows):
+            return lean_block_forward(self, x, windows.runs(batch),
+                                      self._drop_path_scale(x, windows, batch))
         w_e, b_e, w_s = self._projections()
         hidden = self.act(F.linear(self.norm(x), w_e, b_e))
         gated = self.gate_unit(hidden, windows if isinstance(
             windows, PaddedWindows) else windows.runs(batch))
         out = F.linear(gated, w_s, self.proj_c_s.bias)
-        if self.training and self.drop_path > 0:
-            # stochastic depth per sample; samples are spread over windows
-            keep = 1.0 - self.drop_path
-            mask = x.new_empty(batch).bernoulli_(keep).div_(keep)
-            out = out * windows.per_sample(mask)
+        scale = self._drop_path_scale(x, windows, batch)
+        if scale is not None:
+            out = out * scale
         return x + out
+
+    def _runs_lean(self, windows) -> bool:
+        return (self.lean_backward and isinstance(windows, WindowPlan)
+                and type(self.gate_unit) is PoSGU
+                and type(self.act) is nn.GELU)
+
+    def _drop_path_scale(self, x, windows, batch) -> Optional[torch.Tensor]:
+        """Stochastic depth: a (T, 1) per-sample scale (0 or 1/keep), or
+        None when no sample is dropped."""
+        if not (self.training and self.drop_path > 0):
+            return None
+        keep = 1.0 - self.drop_path
+        mask = x.new_empty(batch).bernoulli_(keep).div_(keep)
+        # samples are spread over windows
+        return windows.per_sample(mask)
 
     def _forward_in_place(self, x, plan, batch, workspace):
         """The block run by run (``workspace.max_rows`` rows at most): with

@@ -74,17 +74,20 @@ class GateUnit(nn.Module):
         return mix_tokens(u, v, windows, self.groups, self.augmented_mixing,
                           workspace)
 
-    def augmented_mixing(self, key: Key) -> torch.Tensor:
+    def augmented_mixing(self, key: Key, fresh: bool = False
+                         ) -> torch.Tensor:
         """(groups, n, n + 1): the mixing matrices with the bias appended.
 
         The form the token mixing consumes (the bias multiplies a row of
-        ones). Cached in eval mode, see the module docstring.
+        ones). Cached in eval mode, see the module docstring; ``fresh``:
+        computed from the parameters whatever the mode (the lean training
+        Function, which runs with grad off but needs current values).
         """
         params = tuple(self.parameters())
         device = params[0].device
         needs_grad = torch.is_grad_enabled() and any(
             p.requires_grad for p in params)
-        if self.training or needs_grad:
+        if self.training or needs_grad or fresh:
             with torch.autocast(device.type, enabled=False):
                 return self._augmented(key, device)
         stamp = tuple((p._version, p.data_ptr()) for p in params)

@@ -1,0 +1,296 @@
+"""The PoSGU block's training pass as one autograd Function.
+
+    y = x + s * (PoSGU(GELU(LN(x) W_e^T + b_e)) W_s^T + b_s)
+
+with PoSGU(a) = (P u + bias) * v for the halves u, v of a, mixed window by
+window (token_mixing.py), and s the stochastic-depth scale (or 1).
+
+Autograd through these operations one by one keeps, per token of a block
+with C channels and K gate channels, LN's input and output, the
+pre-activation h and the activation a (GELU saves its input; u and v are
+halves of its output), the mixing input (u re-laid out), the mixed values
+and the gated product: 2C + 7K values, 16C at the published mlp_ratio of 4.
+Per block it also keeps the mixing matrices and the gate's intermediates
+(for GQPE a softmax and its scores: several groups x n x n tensors per
+window class), and the projections' weights gathered into the gate's
+channel order.
+
+This Function keeps x, LN's mean and rstd, h (2K) and the mixed values
+(K): C + 3K per token, 7C at mlp_ratio 4, and nothing per block. Its
+backward recomputes the rest from those with elementwise passes and copies
+(LN's output, GELU(h), the mixing input, the gated product) and the mixing
+matrices from the gate's parameters (small next to the token matmuls); no
+matmul over tokens runs twice.
+
+Under autocast it computes what autograd through the same operations would:
+LayerNorm in the parameters' dtype, matmuls and GELU in the autocast dtype,
+the mixing matrices in float32 cast to it, the residual sum in the promoted
+dtype.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from .token_mixing import (_matching_dtype, _mixing_input, _run_views,
+                           _token_order)
+from .windows import WindowRun
+
+
+def lean_block_forward(block, x: torch.Tensor, runs: Sequence[WindowRun],
+                       scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``block`` (a PosMLPBlock with a PoSGU gate and GELU) on a (T, C)
+    token buffer laid out as ``runs``; ``scale``: the (T, 1)
+    stochastic-depth scale or None."""
+    gate = block.gate_unit
+    keys = []
+    for run in runs:
+        if run.key not in keys:
+            keys.append(run.key)
+    layout = _Layout(tuple(runs), tuple(keys), gate, block.norm.eps,
+                     block.act.approximate)
+    norm, expand, shrink = block.norm, block.proj_c_e, block.proj_c_s
+    return LeanPoSGUBlock.apply(
+        x, norm.weight, norm.bias, expand.weight, expand.bias, shrink.weight,
+        shrink.bias, scale, layout, *layout.gate_params)
+
+
+class _Layout:
+    """What the Function needs besides tensors (kept off autograd)."""
+
+    def __init__(self, runs, keys, gate, eps, approximate):
+        self.runs = runs
+        self.keys = keys
+        self.matrix_of_run = tuple(keys.index(r.key) for r in runs)
+        self.gate = gate
+        named = list(gate.named_parameters())
+        self.gate_param_names = tuple(n for n, _ in named)
+        self.gate_params = tuple(p for _, p in named)
+        self.groups = gate.groups
+        self.eps = eps
+        self.approximate = approximate
+
+    def matrices(self):
+        """The gate's augmented (groups, n, n + 1) matrix per window class."""
+        return [self.gate.augmented_mixing(key, fresh=True)
+                for key in self.keys]
+
+    def recompute_matrices(self, params):
+        """The matrices from the gate parameters the forward saw, with
+        autograd: ``params`` detached into leaves of their own (returned).
+        Read through the gate while those are swapped in, since its
+        parameters may have been replaced since the forward (e.g.
+        torch.func.functional_call, which restores them on return)."""
+        leaves = [p.detach().requires_grad_(p.requires_grad) for p in params]
+        with torch.enable_grad(), _swapped_parameters(
+                self.gate, self.gate_param_names, leaves):
+            return self.matrices(), leaves
+
+    def gate_order(self, w_e, b_e, w_s):
+        """The projections with the gate's channels in its order (see
+        GateUnit.channel_order)."""
+        order = self.gate.channel_order
+        if order is None:
+            return w_e, b_e, w_s
+        both = torch.cat([order, order + order.numel()])
+        return (w_e.index_select(0, both), b_e.index_select(0, both),
+                w_s.index_select(1, order))
+
+    def published_order(self, d_w_e, d_b_e, d_w_s):
+        """Gradients in the gate's channel order -> the parameters' order."""
+        order = self.gate.channel_order
+        if order is None:
+            return d_w_e, d_b_e, d_w_s
+        inverse = torch.argsort(order)
+        both = torch.cat([inverse, inverse + inverse.numel()])
+        return (None if d_w_e is None else d_w_e.index_select(0, both),
+                None if d_b_e is None else d_b_e.index_select(0, both),
+                None if d_w_s is None else d_w_s.index_select(1, inverse))
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
+class LeanPoSGUBlock(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, x, norm_weight, norm_bias, w_e, b_e, w_s, b_s, scale,
+                layout, *gate_params):
+        cdtype = _compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            C = x.shape[1]
+            normed, mean, rstd = torch.native_layer_norm(
+                x.to(norm_weight.dtype), (C,), norm_weight, norm_bias,
+                layout.eps)
+            expand_w, expand_b, shrink_w = (
+                t.to(cdtype) for t in layout.gate_order(w_e, b_e, w_s))
+            h = torch.addmm(expand_b, normed.to(cdtype), expand_w.t())
+            del normed
+            a = F.gelu(h, approximate=layout.approximate)
+            u, v = a.chunk(2, dim=1)
+            gated = u.new_empty(u.shape)
+            mixed = _mix(u, v, gated, layout, layout.matrices())
+            del a, u, v
+            out = torch.addmm(b_s.to(cdtype), gated, shrink_w.t())
+            del gated, expand_w, expand_b, shrink_w
+            if scale is not None:
+                out.mul_(scale.to(cdtype))
+            y = x + out
+        ctx.layout = layout
+        ctx.cdtype = cdtype
+        ctx.x_dtype = x.dtype
+        ctx.num_gate = len(gate_params)
+        ctx.save_for_backward(x, norm_weight, norm_bias, w_e, b_e, w_s, scale,
+                              mean, rstd, h, *gate_params, *mixed)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        layout, cdtype = ctx.layout, ctx.cdtype
+        (x, norm_weight, norm_bias, w_e, b_e, w_s, scale, mean, rstd,
+         h, *rest) = ctx.saved_tensors
+        gate_params, mixed = rest[:ctx.num_gate], rest[ctx.num_gate:]
+        needs = ctx.needs_input_grad
+        needs_gate = needs[9:]
+        # recomputed with autograd, for the gate parameters' gradients
+        matrices, gate_leaves = layout.recompute_matrices(gate_params)
+        with torch.autocast(dy.device.type, enabled=False):
+            expand_w, _, shrink_w = (
+                t.to(cdtype) for t in layout.gate_order(w_e, b_e, w_s))
+            dout = dy.to(cdtype)
+            if scale is not None:
+                dout = dout * scale.to(cdtype)
+            # the activation and the gated product, recomputed
+            a = F.gelu(h, approximate=layout.approximate)
+            u, v = a.chunk(2, dim=1)
+            gated = u.new_empty(u.shape)
+            for (run, _, v_r), g_r, m in zip(
+                    _run_views(u, v, layout.runs, layout.groups),
+                    _run_rows(gated, layout), mixed):
+                torch.mul(v_r, _token_order(m, run, v_r.shape[-1]),
+                          out=g_r.view(v_r.shape))
+            d_w_s = dout.t().mm(gated) if needs[5] else None
+            d_b_s = dout.sum(0) if needs[6] else None
+            del gated
+            d_gated = dout.mm(shrink_w)
+            del dout
+            d_a, d_matrices = _mix_backward(
+                u, v, d_gated, layout, [m.detach() for m in matrices], mixed,
+                any(needs_gate))
+            del a, u, v, d_gated
+            # GELU's backward, written over its incoming gradient
+            d_h = torch.ops.aten.gelu_backward.grad_input(
+                d_a, h, approximate=layout.approximate, grad_input=d_a)
+            ln_input = x.to(norm_weight.dtype)
+            normed = (ln_input - mean) * rstd * norm_weight + norm_bias
+            d_w_e = d_h.t().mm(normed.to(cdtype)) if needs[3] else None
+            d_b_e = d_h.sum(0) if needs[4] else None
+            del normed
+            d_normed = d_h.mm(expand_w).to(norm_weight.dtype)
+            del d_h, d_a
+            d_x, d_norm_w, d_norm_b = \
+                torch.ops.aten.native_layer_norm_backward(
+                    d_normed, ln_input, (x.shape[1],), mean, rstd,
+                    norm_weight, norm_bias, [needs[0], needs[1], needs[2]])
+            if needs[0]:
+                d_x = dy + d_x.to(ctx.x_dtype)
+            d_w_e, d_b_e, d_w_s = layout.published_order(d_w_e, d_b_e, d_w_s)
+        d_gate = _gate_gradients(gate_leaves, needs_gate, matrices,
+                                 d_matrices)
+        return (d_x, d_norm_w, d_norm_b, d_w_e, d_b_e, d_w_s, d_b_s, None,
+                None, *d_gate)
+
+
+def _run_rows(buffer, layout):
+    return buffer.split([run.rows for run in layout.runs])
+
+
+def _mix(u, v, gated, layout, matrices):
+    """gated = (P u + bias) * v run by run; returns each run's mixed values
+    (groups, n, windows * V), the only intermediate the backward keeps."""
+    groups = layout.groups
+    mixed = []
+    for (run, u_r, v_r), g_r, index in zip(
+            _run_views(u, v, layout.runs, groups), _run_rows(gated, layout),
+            layout.matrix_of_run):
+        cols = _mixing_input(u_r)
+        m = torch.bmm(_matching_dtype(matrices[index], cols),
+                      cols.view(groups, run.n + 1, -1))
+        del cols
+        torch.mul(v_r, _token_order(m, run, v_r.shape[-1]),
+                  out=g_r.view(v_r.shape))
+        mixed.append(m)
+    return mixed
+
+
+def _mix_backward(u, v, d_gated, layout, matrices, mixed, needs_matrices):
+    """Gradients of the gated mixing: d(u, v) as one (T, 2K) buffer (GELU's
+    output gradient), and d(augmented matrix) per window class when
+    ``needs_matrices``."""
+    groups = layout.groups
+    T, K = u.shape
+    d_a = d_gated.new_empty(T, 2 * K)
+    d_u, d_v = d_a.chunk(2, dim=1)
+    d_matrices = [None] * len(matrices)
+    for (run, u_r, v_r), (_, du_r, dv_r), dg_r, m, index in zip(
+            _run_views(u, v, layout.runs, groups),
+            _run_views(d_u, d_v, layout.runs, groups),
+            d_gated.split([r.rows for r in layout.runs]), mixed,
+            layout.matrix_of_run):
+        per_group = u_r.shape[-1]
+        dg_r = dg_r.view(v_r.shape)
+        torch.mul(dg_r, _token_order(m, run, per_group), out=dv_r)
+        # d(mixed), laid out as the matmul's output
+        d_m = dg_r.new_empty(groups, run.n, run.windows, per_group)
+        torch.mul(dg_r.permute(2, 1, 0, 3), v_r.permute(2, 1, 0, 3), out=d_m)
+        d_m = d_m.view(groups, run.n, -1)
+        matrix = _matching_dtype(matrices[index], d_m)
+        if needs_matrices:
+            cols = _mixing_input(u_r).view(groups, run.n + 1, -1)
+            d_matrix = torch.bmm(d_m, cols.transpose(1, 2))
+            del cols
+            d_matrices[index] = d_matrix if d_matrices[index] is None \
+                else d_matrices[index] + d_matrix
+        d_mixed_input = torch.bmm(matrix[..., :run.n].transpose(1, 2), d_m)
+        du_r.copy_(_token_order(d_mixed_input, run, per_group))
+    return d_a, d_matrices
+
+
+def _gate_gradients(params, needs, matrices, d_matrices):
+    """Backpropagate the matrices' gradients into the gate's parameters."""
+    wanted = [p for p, need in zip(params, needs) if need]
+    if not wanted:
+        return [None] * len(params)
+    pairs = [(m, d.to(m.dtype)) for m, d in zip(matrices, d_matrices)
+             if d is not None and m.requires_grad]
+    if not pairs:
+        return [None] * len(params)
+    grads = iter(torch.autograd.grad(
+        [m for m, _ in pairs], wanted, [d for _, d in pairs],
+        allow_unused=True))
+    return [next(grads) if need else None for need in needs]
+
+
+@contextmanager
+def _swapped_parameters(module, names, tensors):
+    """Temporarily make ``tensors`` the parameters ``names`` of ``module``."""
+    slots = []
+    for name, tensor in zip(names, tensors):
+        owner_path, _, attr = name.rpartition('.')
+        owner = module.get_submodule(owner_path) if owner_path else module
+        slots.append((owner, attr, owner._parameters[attr]))
+        owner._parameters[attr] = tensor
+    try:
+        yield
+    finally:
+        for owner, attr, original in slots:
+            owner._parameters[attr] = original
