@@ -112,6 +112,28 @@ class _Layout:
                 None if d_w_s is None else d_w_s.index_select(1, inverse))
 
 
+    def analytic_gate_gradients(self, params, needs, matrices, d_matrices):
+        """The gate parameters' gradients through its ``mixing_backward``."""
+        wanted = [i for i, need in enumerate(needs) if need]
+        if not wanted or all(d is None for d in d_matrices):
+            return [None] * len(params)
+        leaves = [p.detach().requires_grad_(need)
+                  for p, need in zip(params, needs)]
+        d_matrices = [d.to(m.dtype) for m, d in zip(matrices, d_matrices)]
+        with torch.enable_grad(), _swapped_parameters(
+                self.gate, self.gate_param_names, leaves):
+            outputs, grads = self.gate.mixing_backward(
+                self.keys, matrices, d_matrices)
+            found = torch.autograd.grad(
+                outputs, [leaves[i] for i in wanted], grads,
+                allow_unused=True)
+        result = [None] * len(params)
+        for i, grad in zip(wanted, found):
+            result[i] = grad if grad is not None else torch.zeros_like(
+                params[i])
+        return result
+
+
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     device = x.device.type
     if torch.is_autocast_enabled(device):
@@ -137,7 +159,8 @@ class LeanPoSGUBlock(torch.autograd.Function):
             a = F.gelu(h, approximate=layout.approximate)
             u, v = a.chunk(2, dim=1)
             gated = u.new_empty(u.shape)
-            mixed = _mix(u, v, gated, layout, layout.matrices())
+            matrices = layout.matrices()
+            mixed = _mix(u, v, gated, layout, matrices)
             del a, u, v
             out = torch.addmm(b_s.to(cdtype), gated, shrink_w.t())
             del gated, expand_w, expand_b, shrink_w
@@ -148,8 +171,13 @@ class LeanPoSGUBlock(torch.autograd.Function):
         ctx.cdtype = cdtype
         ctx.x_dtype = x.dtype
         ctx.num_gate = len(gate_params)
+        # a gate with an analytic backward needs its matrices (a few per
+        # block, independent of the batch); the others are recomputed
+        if not layout.gate.has_mixing_backward:
+            matrices = []
+        ctx.num_matrices = len(matrices)
         ctx.save_for_backward(x, norm_weight, norm_bias, w_e, b_e, w_s, scale,
-                              mean, rstd, h, *gate_params, *mixed)
+                              mean, rstd, h, *gate_params, *matrices, *mixed)
         return y
 
     @staticmethod
@@ -158,11 +186,14 @@ class LeanPoSGUBlock(torch.autograd.Function):
         layout, cdtype = ctx.layout, ctx.cdtype
         (x, norm_weight, norm_bias, w_e, b_e, w_s, scale, mean, rstd,
          h, *rest) = ctx.saved_tensors
-        gate_params, mixed = rest[:ctx.num_gate], rest[ctx.num_gate:]
+        gate_params = rest[:ctx.num_gate]
+        matrices = rest[ctx.num_gate:ctx.num_gate + ctx.num_matrices]
+        mixed = rest[ctx.num_gate + ctx.num_matrices:]
         needs = ctx.needs_input_grad
         needs_gate = needs[9:]
-        # recomputed with autograd, for the gate parameters' gradients
-        matrices, gate_leaves = layout.recompute_matrices(gate_params)
+        if not matrices:
+            # recomputed with autograd, for the gate parameters' gradients
+            matrices, gate_leaves = layout.recompute_matrices(gate_params)
         with torch.autocast(dy.device.type, enabled=False):
             expand_w, _, shrink_w = (
                 t.to(cdtype) for t in layout.gate_order(w_e, b_e, w_s))
@@ -204,8 +235,12 @@ class LeanPoSGUBlock(torch.autograd.Function):
             if needs[0]:
                 d_x = dy + d_x.to(ctx.x_dtype)
             d_w_e, d_b_e, d_w_s = layout.published_order(d_w_e, d_b_e, d_w_s)
-        d_gate = _gate_gradients(gate_leaves, needs_gate, matrices,
-                                 d_matrices)
+        if ctx.num_matrices:
+            d_gate = layout.analytic_gate_gradients(gate_params, needs_gate,
+                                                    matrices, d_matrices)
+        else:
+            d_gate = _gate_gradients(gate_leaves, needs_gate, matrices,
+                                     d_matrices)
         return (d_x, d_norm_w, d_norm_b, d_w_e, d_b_e, d_w_s, d_b_s, None,
                 None, *d_gate)
 

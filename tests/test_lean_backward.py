@@ -184,16 +184,18 @@ def test_gradcheck_of_the_function():
         gate_only, tuple(params[names.index(n)] for n in gate_names))
 
 
-def test_saved_activations_per_block():
+@pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
+def test_saved_activations_per_block(gate):
     """The lean path keeps C + 3K values per token of a block (x, h, the
-    mixed values) plus LN's two statistics; autograd through each operation
-    keeps more than twice that."""
+    mixed values) plus LN's two statistics, and per block GQPE's mixing
+    matrices (its analytic backward reads them; LRPE's are recomputed);
+    autograd through each operation keeps more than twice that."""
     arch = dict(embed_dims=(16,), depths=(1,), mlp_ratio=(4,), gamma=(4,),
                 window_size=((4, 4),))
     x = torch.randn(2, 16, 16, 16)  # a (B, H, W, C) level input
     counts = {}
     for lean in (True, False):
-        model = randomize_(PosMLP(arch, out_indices=(0,),
+        model = randomize_(PosMLP(arch, gate=gate, out_indices=(0,),
                                   drop_path_rate=0.0)).train()
         level = model.levels[0]
         original = PosMLPBlock.lean_backward
@@ -205,6 +207,8 @@ def test_saved_activations_per_block():
         finally:
             PosMLPBlock.lean_backward = original
         counts[lean] = saved.activation_bytes
-    C, K, T = 16, 32, 2 * 16 * 16
-    assert counts[True] == 4 * T * (C + 2 + 2 * K + K)
+    C, K, T, n = 16, 32, 2 * 16 * 16, 16
+    groups = level.encoder[0].gate_unit.groups
+    matrices = groups * n * (n + 1) if gate == 'gqpe' else 0
+    assert counts[True] == 4 * (T * (C + 2 + 2 * K + K) + matrices)
     assert counts[False] > 2 * counts[True]

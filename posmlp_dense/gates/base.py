@@ -106,6 +106,20 @@ class GateUnit(nn.Module):
         return torch.cat([weights, bias.view(1, n, 1).expand(groups, n, 1)],
                          dim=2)
 
+    @property
+    def has_mixing_backward(self) -> bool:
+        """Whether ``mixing_backward`` is implemented."""
+        return False
+
+    def mixing_backward(self, keys, augmented, d_augmented):
+        """Optional analytic backward of ``augmented_mixing``: given each
+        window class's augmented matrix and its gradient, small tensors
+        computed from the parameters (with autograd, by the caller) and the
+        gradients they receive, so that backpropagating those gives the
+        parameters' gradients. None (the default): the caller recomputes
+        the matrices with autograd instead."""
+        return None
+
     def mixing_matrices(self, key: Key) -> Tuple[torch.Tensor, torch.Tensor]:
         """The model's own mixing matrices (groups, n, n) and bias (n,) for
         the real tokens of a window class; ``key`` is the in-window

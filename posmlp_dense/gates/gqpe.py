@@ -86,10 +86,25 @@ class GQPE(PositionBias):
         """(groups, n, n) softmax mixing weights among the given tokens."""
         feats = self.geometry(index, self.rel_indices)
         scores = torch.einsum('mnf,sf->smn', feats, self.score_coefficients())
-        weights = scores.softmax(dim=-1)
-        return torch.where(weights < NEGLIGIBLE_WEIGHT,
-                           torch.zeros((), dtype=weights.dtype,
-                                       device=weights.device), weights)
+        # weights below NEGLIGIBLE_WEIGHT -> 0, in one pass
+        return torch.nn.functional.threshold(scores.softmax(dim=-1),
+                                             NEGLIGIBLE_WEIGHT, 0.0)
+
+    def coefficients_gradient(self, index: torch.Tensor,
+                              weights: torch.Tensor,
+                              d_weights: torch.Tensor) -> torch.Tensor:
+        """d(score coefficients) (groups, features) from the gradient of
+        ``weights(index)`` (given), without autograd: the softmax's backward
+        dS = P * (dP - rowsum(dP * P)), then the features' transpose. With
+        the thresholded P the dropped weights pass no gradient, which
+        autograd through ``weights`` gives up to their own size (below
+        NEGLIGIBLE_WEIGHT times the row's gradient)."""
+        feats = self.geometry(index, self.rel_indices)
+        d_scores = weights * (d_weights - (d_weights * weights).sum(
+            dim=-1, keepdim=True))
+        n = index.numel()
+        return d_scores.reshape(self.groups, n * n).mm(
+            feats.reshape(n * n, -1))
 
     def full_window_weights(self):
         """(groups, N, N) unnormalized softmax weights of the full window,

@@ -56,6 +56,28 @@ class PoSGU(GateUnit):
             weights = weights + self.token_proj_n_weight[:, index][:, :, index]
         return weights, self.pos.bias(index)
 
+    @property
+    def has_mixing_backward(self) -> bool:
+        return isinstance(self.pos, GQPE)
+
+    def mixing_backward(self, keys, augmented, d_augmented):
+        """GQPE: the score coefficients' and the position bias's gradients
+        (GQPE.coefficients_gradient); LRPE: None (recomputed)."""
+        if not self.has_mixing_backward:
+            return None
+        d_coefficients = 0
+        d_bias = augmented[0].new_zeros(self.num_positions)
+        for key, aug, d_aug in zip(keys, augmented, d_augmented):
+            index = self.token_index(key, aug.device)
+            n = index.numel()
+            d_coefficients = d_coefficients + self.pos.coefficients_gradient(
+                index, aug[..., :n], d_aug[..., :n])
+            # the bias column is shared by the groups
+            d_bias.index_add_(0, index, d_aug[..., n].sum(dim=0))
+        return ([self.pos.score_coefficients(),
+                 self.pos.token_proj_n_bias.view(-1)],
+                [d_coefficients, d_bias])
+
     def full_window_mixing(self):
         weights, normalize = self.pos.full_window_weights()
         if not self.pos_only:
