@@ -92,25 +92,36 @@ class _Layout:
 
     def gate_order(self, w_e, b_e, w_s):
         """The projections with the gate's channels in its order (see
-        GateUnit.channel_order)."""
-        order = self.gate.channel_order
-        if order is None:
+        GateUnit.channel_order): published channel p * groups + s goes to
+        s * V + p, a transpose of (V, groups) (cheaper than a gather)."""
+        if self.gate.channel_order is None:
             return w_e, b_e, w_s
-        both = torch.cat([order, order + order.numel()])
-        return (w_e.index_select(0, both), b_e.index_select(0, both),
-                w_s.index_select(1, order))
+        g = self.groups
+        K = w_s.shape[1]
+        V = K // g
+        C = w_s.shape[0]
+        return (w_e.view(2, V, g, C).transpose(1, 2).reshape(2 * K, C),
+                b_e.view(2, V, g).transpose(1, 2).reshape(2 * K),
+                w_s.view(C, V, g).transpose(1, 2).reshape(C, K))
 
     def published_order(self, d_w_e, d_b_e, d_w_s):
-        """Gradients in the gate's channel order -> the parameters' order."""
-        order = self.gate.channel_order
-        if order is None:
+        """Gradients in the gate's channel order -> the parameters' order
+        (the inverse transpose)."""
+        if self.gate.channel_order is None:
             return d_w_e, d_b_e, d_w_s
-        inverse = torch.argsort(order)
-        both = torch.cat([inverse, inverse + inverse.numel()])
-        return (None if d_w_e is None else d_w_e.index_select(0, both),
-                None if d_b_e is None else d_b_e.index_select(0, both),
-                None if d_w_s is None else d_w_s.index_select(1, inverse))
-
+        g = self.groups
+        if d_w_e is not None:
+            V = d_w_e.shape[0] // 2 // g
+            d_w_e = d_w_e.view(2, g, V, -1).transpose(1, 2).reshape(
+                d_w_e.shape)
+        if d_b_e is not None:
+            V = d_b_e.shape[0] // 2 // g
+            d_b_e = d_b_e.view(2, g, V).transpose(1, 2).reshape(d_b_e.shape)
+        if d_w_s is not None:
+            V = d_w_s.shape[1] // g
+            d_w_s = d_w_s.view(-1, g, V).transpose(1, 2).reshape(
+                d_w_s.shape)
+        return d_w_e, d_b_e, d_w_s
 
     def analytic_gate_gradients(self, params, needs, matrices, d_matrices):
         """The gate parameters' gradients through its ``mixing_backward``."""
@@ -157,16 +168,18 @@ class LeanPoSGUBlock(torch.autograd.Function):
             h = torch.addmm(expand_b, normed.to(cdtype), expand_w.t())
             del normed
             a = F.gelu(h, approximate=layout.approximate)
-            u, v = a.chunk(2, dim=1)
-            gated = u.new_empty(u.shape)
             matrices = layout.matrices()
-            mixed = _mix(u, v, gated, layout, matrices)
-            del a, u, v
+            # the gated product is written over u (a's first half)
+            mixed = _mix(a, layout, matrices)
+            gated = a[:, :a.shape[1] // 2]
             out = torch.addmm(b_s.to(cdtype), gated, shrink_w.t())
-            del gated, expand_w, expand_b, shrink_w
+            del a, gated, expand_w, expand_b, shrink_w
             if scale is not None:
                 out.mul_(scale.to(cdtype))
-            y = x + out
+            if out.dtype == x.dtype:
+                y = out.add_(x)
+            else:  # autocast: the sum in the promoted dtype
+                y = x + out
         ctx.layout = layout
         ctx.cdtype = cdtype
         ctx.x_dtype = x.dtype
@@ -211,29 +224,32 @@ class LeanPoSGUBlock(torch.autograd.Function):
                           out=g_r.view(v_r.shape))
             d_w_s = dout.t().mm(gated) if needs[5] else None
             d_b_s = dout.sum(0) if needs[6] else None
-            del gated
             d_gated = dout.mm(shrink_w)
             del dout
-            d_a, d_matrices = _mix_backward(
-                u, v, d_gated, layout, [m.detach() for m in matrices], mixed,
-                any(needs_gate))
-            del a, u, v, d_gated
+            # d(u, v) is written over a, and d(mixed) over the gated product
+            d_matrices = _mix_backward(
+                a, d_gated, gated, layout, [m.detach() for m in matrices],
+                mixed, any(needs_gate))
+            del gated, d_gated
             # GELU's backward, written over its incoming gradient
             d_h = torch.ops.aten.gelu_backward.grad_input(
-                d_a, h, approximate=layout.approximate, grad_input=d_a)
+                a, h, approximate=layout.approximate, grad_input=a)
+            del a, u, v
             ln_input = x.to(norm_weight.dtype)
-            normed = (ln_input - mean) * rstd * norm_weight + norm_bias
+            normed = (ln_input - mean).mul_(rstd).mul_(norm_weight).add_(
+                norm_bias)
             d_w_e = d_h.t().mm(normed.to(cdtype)) if needs[3] else None
             d_b_e = d_h.sum(0) if needs[4] else None
             del normed
             d_normed = d_h.mm(expand_w).to(norm_weight.dtype)
-            del d_h, d_a
+            del d_h
             d_x, d_norm_w, d_norm_b = \
                 torch.ops.aten.native_layer_norm_backward(
                     d_normed, ln_input, (x.shape[1],), mean, rstd,
                     norm_weight, norm_bias, [needs[0], needs[1], needs[2]])
             if needs[0]:
-                d_x = dy + d_x.to(ctx.x_dtype)
+                d_x = d_x.add_(dy) if d_x.dtype == dy.dtype else \
+                    dy + d_x.to(ctx.x_dtype)
             d_w_e, d_b_e, d_w_s = layout.published_order(d_w_e, d_b_e, d_w_s)
         if ctx.num_matrices:
             d_gate = layout.analytic_gate_gradients(gate_params, needs_gate,
@@ -249,55 +265,59 @@ def _run_rows(buffer, layout):
     return buffer.split([run.rows for run in layout.runs])
 
 
-def _mix(u, v, gated, layout, matrices):
-    """gated = (P u + bias) * v run by run; returns each run's mixed values
+def _mix(a, layout, matrices):
+    """The gated product (P u + bias) * v of the halves u, v of ``a``, run
+    by run, written over u. Returns each run's mixed values P u + bias
     (groups, n, windows * V), the only intermediate the backward keeps."""
     groups = layout.groups
+    u, v = a.chunk(2, dim=1)
     mixed = []
-    for (run, u_r, v_r), g_r, index in zip(
-            _run_views(u, v, layout.runs, groups), _run_rows(gated, layout),
-            layout.matrix_of_run):
+    for (run, u_r, v_r), index in zip(
+            _run_views(u, v, layout.runs, groups), layout.matrix_of_run):
         cols = _mixing_input(u_r)
         m = torch.bmm(_matching_dtype(matrices[index], cols),
                       cols.view(groups, run.n + 1, -1))
         del cols
-        torch.mul(v_r, _token_order(m, run, v_r.shape[-1]),
-                  out=g_r.view(v_r.shape))
+        # u_r is consumed: the product goes where it was
+        torch.mul(v_r, _token_order(m, run, v_r.shape[-1]), out=u_r)
         mixed.append(m)
     return mixed
 
 
-def _mix_backward(u, v, d_gated, layout, matrices, mixed, needs_matrices):
-    """Gradients of the gated mixing: d(u, v) as one (T, 2K) buffer (GELU's
-    output gradient), and d(augmented matrix) per window class when
-    ``needs_matrices``."""
+def _mix_backward(a, d_gated, scratch, layout, matrices, mixed,
+                  needs_matrices):
+    """Gradients of the gated mixing. d(u, v) is written over ``a`` (the
+    (T, 2K) activation whose halves are u and v; each run's values are
+    read before they are overwritten), the gradient of the mixed values
+    over ``scratch`` (T, K). Returns d(augmented matrix) per window class
+    when ``needs_matrices``."""
     groups = layout.groups
-    T, K = u.shape
-    d_a = d_gated.new_empty(T, 2 * K)
-    d_u, d_v = d_a.chunk(2, dim=1)
+    u, v = a.chunk(2, dim=1)
     d_matrices = [None] * len(matrices)
-    for (run, u_r, v_r), (_, du_r, dv_r), dg_r, m, index in zip(
+    for (run, u_r, v_r), dg_r, d_m, m, index in zip(
             _run_views(u, v, layout.runs, groups),
-            _run_views(d_u, d_v, layout.runs, groups),
-            d_gated.split([r.rows for r in layout.runs]), mixed,
-            layout.matrix_of_run):
+            d_gated.split([r.rows for r in layout.runs]),
+            _run_rows(scratch, layout), mixed, layout.matrix_of_run):
         per_group = u_r.shape[-1]
         dg_r = dg_r.view(v_r.shape)
-        torch.mul(dg_r, _token_order(m, run, per_group), out=dv_r)
         # d(mixed), laid out as the matmul's output
-        d_m = dg_r.new_empty(groups, run.n, run.windows, per_group)
+        d_m = d_m.view(groups, run.n, run.windows, per_group)
         torch.mul(dg_r.permute(2, 1, 0, 3), v_r.permute(2, 1, 0, 3), out=d_m)
         d_m = d_m.view(groups, run.n, -1)
+        # v_r is consumed: d(v) goes where it was
+        torch.mul(dg_r, _token_order(m, run, per_group), out=v_r)
         matrix = _matching_dtype(matrices[index], d_m)
+        cols = _mixing_input(u_r).view(groups, run.n + 1, -1)
         if needs_matrices:
-            cols = _mixing_input(u_r).view(groups, run.n + 1, -1)
             d_matrix = torch.bmm(d_m, cols.transpose(1, 2))
-            del cols
             d_matrices[index] = d_matrix if d_matrices[index] is None \
                 else d_matrices[index] + d_matrix
-        d_mixed_input = torch.bmm(matrix[..., :run.n].transpose(1, 2), d_m)
-        du_r.copy_(_token_order(d_mixed_input, run, per_group))
-    return d_a, d_matrices
+        # d(mixing input), into the mixing input's buffer (no longer read)
+        d_cols = cols.view(-1)[:d_m.numel()].view(d_m.shape)
+        torch.bmm(matrix[..., :run.n].transpose(1, 2), d_m, out=d_cols)
+        u_r.copy_(_token_order(d_cols, run, per_group))
+        del cols, d_cols
+    return d_matrices
 
 
 def _gate_gradients(params, needs, matrices, d_matrices):
