@@ -18,7 +18,7 @@ from .gates import GQPE, LRPE, SGU
 from .stem import ConvStem
 from .forward_mode import ForwardMode, decide_forward_mode
 from .windows import PaddedWindows, make_plan
-from .workspace import inference_workspace
+from .workspace import TrainingScratch, inference_workspace
 
 
 # timm's convention for modules FX feature extraction does not trace into:
@@ -92,6 +92,7 @@ class PosMLPLevel(nn.Module):
         # buffer in place, so it must not be a view of the caller's map
         workspace = inference_workspace(x.device) \
             if mode is ForwardMode.INFERENCE else None
+        scratch = TrainingScratch() if mode is ForwardMode.AUTOGRAD else None
         tokens = current.partition(x, fresh=True) if workspace is not None \
             else current.partition(x)
         for j, block in enumerate(self.encoder):
@@ -102,6 +103,11 @@ class PosMLPLevel(nn.Module):
             if workspace is None and self.with_cp and tokens.requires_grad:
                 tokens = cp.checkpoint(block, tokens, layout, B,
                                        use_reentrant=False)
+            elif mode is ForwardMode.AUTOGRAD:
+                # the blocks share their temporaries (workspace.py); the
+                # backward runs them in reverse, block 0 last
+                tokens = block(tokens, layout, B, scratch=scratch,
+                               last_backward=j == 0)
             else:
                 tokens = block(tokens, layout, B, workspace)
         return current.reverse(tokens, B)

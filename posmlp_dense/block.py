@@ -18,7 +18,7 @@ from .block_function import lean_block_forward
 from .gates import build_gate
 from .gates.posgu import PoSGU
 from .windows import PaddedWindows, WindowPlan
-from .workspace import Workspace
+from .workspace import TrainingScratch, Workspace
 
 Windows = Union[WindowPlan, PaddedWindows]
 
@@ -44,16 +44,22 @@ class PosMLPBlock(nn.Module):
         self.drop_path = drop_path
 
     def forward(self, x: torch.Tensor, windows: Windows, batch: int,
-                workspace: Optional[Workspace] = None) -> torch.Tensor:
+                workspace: Optional[Workspace] = None,
+                scratch: Optional[TrainingScratch] = None,
+                last_backward: bool = False) -> torch.Tensor:
         """``x``: the level's token buffer laid out by ``windows`` (a
         WindowPlan, or PaddedWindows in a captured graph). With a
         ``workspace`` (INFERENCE mode, see PosMLPLevel) intermediates go into
-        its buffers and ``x`` is updated in place."""
+        its buffers and ``x`` is updated in place. ``scratch``: the level's
+        shared temporaries for the lean training Function, which the block
+        whose backward runs last (``last_backward``) releases."""
         if workspace is not None:
             return self._forward_in_place(x, windows, batch, workspace)
         if self._runs_lean(windows):
-            return lean_block_forward(self, x, windows.runs(batch),
-                                      self._drop_path_scale(x, windows, batch))
+            return lean_block_forward(
+                self, x, windows.runs(batch),
+                self._drop_path_scale(x, windows, batch), scratch,
+                last_backward)
         w_e, b_e, w_s = self._projections()
         hidden = self.act(F.linear(self.norm(x), w_e, b_e))
         gated = self.gate_unit(hidden, windows if isinstance(

@@ -33,26 +33,30 @@ from contextlib import contextmanager
 from typing import Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .token_mixing import (_matching_dtype, _mixing_input, _run_views,
                            _token_order)
 from .windows import WindowRun
+from .workspace import TrainingScratch, Workspace
 
 
 def lean_block_forward(block, x: torch.Tensor, runs: Sequence[WindowRun],
-                       scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+                       scale: Optional[torch.Tensor] = None,
+                       scratch: Optional[TrainingScratch] = None,
+                       last_backward: bool = False) -> torch.Tensor:
     """``block`` (a PosMLPBlock with a PoSGU gate and GELU) on a (T, C)
     token buffer laid out as ``runs``; ``scale``: the (T, 1)
-    stochastic-depth scale or None."""
+    stochastic-depth scale or None; ``scratch``: the level's shared
+    temporaries (None: fresh ones), released after this block's backward
+    if ``last_backward``."""
     gate = block.gate_unit
     keys = []
     for run in runs:
         if run.key not in keys:
             keys.append(run.key)
     layout = _Layout(tuple(runs), tuple(keys), gate, block.norm.eps,
-                     block.act.approximate)
+                     block.act.approximate, scratch, last_backward)
     norm, expand, shrink = block.norm, block.proj_c_e, block.proj_c_s
     return LeanPoSGUBlock.apply(
         x, norm.weight, norm.bias, expand.weight, expand.bias, shrink.weight,
@@ -62,7 +66,10 @@ def lean_block_forward(block, x: torch.Tensor, runs: Sequence[WindowRun],
 class _Layout:
     """What the Function needs besides tensors (kept off autograd)."""
 
-    def __init__(self, runs, keys, gate, eps, approximate):
+    def __init__(self, runs, keys, gate, eps, approximate, scratch=None,
+                 last_backward=False):
+        self.scratch = scratch
+        self.last_backward = last_backward
         self.runs = runs
         self.keys = keys
         self.matrix_of_run = tuple(keys.index(r.key) for r in runs)
@@ -73,6 +80,14 @@ class _Layout:
         self.groups = gate.groups
         self.eps = eps
         self.approximate = approximate
+
+    def forward_buffers(self) -> Workspace:
+        return self.scratch.forward if self.scratch is not None \
+            else Workspace()
+
+    def backward_buffers(self) -> Workspace:
+        return self.scratch.backward if self.scratch is not None \
+            else Workspace()
 
     def matrices(self):
         """The gate's augmented (groups, n, n + 1) matrix per window class."""
@@ -158,19 +173,25 @@ class LeanPoSGUBlock(torch.autograd.Function):
     def forward(ctx, x, norm_weight, norm_bias, w_e, b_e, w_s, b_s, scale,
                 layout, *gate_params):
         cdtype = _compute_dtype(x)
+        buffers = layout.forward_buffers()
         with torch.autocast(x.device.type, enabled=False):
-            C = x.shape[1]
-            normed, mean, rstd = torch.native_layer_norm(
-                x.to(norm_weight.dtype), (C,), norm_weight, norm_bias,
-                layout.eps)
+            T, C = x.shape
+            ln_input = x.to(norm_weight.dtype)
+            normed = buffers.get('normed', (T, C), ln_input)
+            mean, rstd = ln_input.new_empty(T, 1), ln_input.new_empty(T, 1)
+            torch.ops.aten.native_layer_norm.out(
+                ln_input, [C], norm_weight, norm_bias, layout.eps,
+                out0=normed, out1=mean, out2=rstd)
             expand_w, expand_b, shrink_w = (
                 t.to(cdtype) for t in layout.gate_order(w_e, b_e, w_s))
             h = torch.addmm(expand_b, normed.to(cdtype), expand_w.t())
             del normed
-            a = F.gelu(h, approximate=layout.approximate)
+            a = torch.ops.aten.gelu.out(
+                h, approximate=layout.approximate,
+                out=buffers.get('activation', h.shape, h))
             matrices = layout.matrices()
             # the gated product is written over u (a's first half)
-            mixed = _mix(a, layout, matrices)
+            mixed = _mix(a, layout, matrices, buffers)
             gated = a[:, :a.shape[1] // 2]
             out = torch.addmm(b_s.to(cdtype), gated, shrink_w.t())
             del a, gated, expand_w, expand_b, shrink_w
@@ -213,10 +234,13 @@ class LeanPoSGUBlock(torch.autograd.Function):
             dout = dy.to(cdtype)
             if scale is not None:
                 dout = dout * scale.to(cdtype)
+            buffers = layout.backward_buffers()
             # the activation and the gated product, recomputed
-            a = F.gelu(h, approximate=layout.approximate)
+            a = torch.ops.aten.gelu.out(
+                h, approximate=layout.approximate,
+                out=buffers.get('activation', h.shape, h))
             u, v = a.chunk(2, dim=1)
-            gated = u.new_empty(u.shape)
+            gated = buffers.get('gated', u.shape, u)
             for (run, _, v_r), g_r, m in zip(
                     _run_views(u, v, layout.runs, layout.groups),
                     _run_rows(gated, layout), mixed):
@@ -224,24 +248,28 @@ class LeanPoSGUBlock(torch.autograd.Function):
                           out=g_r.view(v_r.shape))
             d_w_s = dout.t().mm(gated) if needs[5] else None
             d_b_s = dout.sum(0) if needs[6] else None
-            d_gated = dout.mm(shrink_w)
+            d_gated = torch.mm(dout, shrink_w, out=buffers.get(
+                'd_gated', gated.shape, dout))
             del dout
             # d(u, v) is written over a, and d(mixed) over the gated product
             d_matrices = _mix_backward(
                 a, d_gated, gated, layout, [m.detach() for m in matrices],
-                mixed, any(needs_gate))
+                mixed, any(needs_gate), buffers)
             del gated, d_gated
             # GELU's backward, written over its incoming gradient
             d_h = torch.ops.aten.gelu_backward.grad_input(
                 a, h, approximate=layout.approximate, grad_input=a)
             del a, u, v
             ln_input = x.to(norm_weight.dtype)
-            normed = (ln_input - mean).mul_(rstd).mul_(norm_weight).add_(
-                norm_bias)
+            normed = torch.sub(ln_input, mean, out=buffers.get(
+                'normed', ln_input.shape, ln_input))
+            normed.mul_(rstd).mul_(norm_weight).add_(norm_bias)
             d_w_e = d_h.t().mm(normed.to(cdtype)) if needs[3] else None
             d_b_e = d_h.sum(0) if needs[4] else None
             del normed
-            d_normed = d_h.mm(expand_w).to(norm_weight.dtype)
+            d_normed = torch.mm(d_h, expand_w, out=buffers.get(
+                'd_normed', (d_h.shape[0], expand_w.shape[1]), d_h)).to(
+                norm_weight.dtype)
             del d_h
             d_x, d_norm_w, d_norm_b = \
                 torch.ops.aten.native_layer_norm_backward(
@@ -251,6 +279,8 @@ class LeanPoSGUBlock(torch.autograd.Function):
                 d_x = d_x.add_(dy) if d_x.dtype == dy.dtype else \
                     dy + d_x.to(ctx.x_dtype)
             d_w_e, d_b_e, d_w_s = layout.published_order(d_w_e, d_b_e, d_w_s)
+        if layout.last_backward and layout.scratch is not None:
+            layout.scratch.release()
         if ctx.num_matrices:
             d_gate = layout.analytic_gate_gradients(gate_params, needs_gate,
                                                     matrices, d_matrices)
@@ -265,7 +295,7 @@ def _run_rows(buffer, layout):
     return buffer.split([run.rows for run in layout.runs])
 
 
-def _mix(a, layout, matrices):
+def _mix(a, layout, matrices, buffers):
     """The gated product (P u + bias) * v of the halves u, v of ``a``, run
     by run, written over u. Returns each run's mixed values P u + bias
     (groups, n, windows * V), the only intermediate the backward keeps."""
@@ -274,7 +304,7 @@ def _mix(a, layout, matrices):
     mixed = []
     for (run, u_r, v_r), index in zip(
             _run_views(u, v, layout.runs, groups), layout.matrix_of_run):
-        cols = _mixing_input(u_r)
+        cols = _mixing_input(u_r, out=_cols_buffer(buffers, run, u_r))
         m = torch.bmm(_matching_dtype(matrices[index], cols),
                       cols.view(groups, run.n + 1, -1))
         del cols
@@ -284,12 +314,12 @@ def _mix(a, layout, matrices):
     return mixed
 
 
-def _mix_backward(a, d_gated, scratch, layout, matrices, mixed,
-                  needs_matrices):
+def _mix_backward(a, d_gated, d_mixed_buffer, layout, matrices, mixed,
+                  needs_matrices, buffers):
     """Gradients of the gated mixing. d(u, v) is written over ``a`` (the
     (T, 2K) activation whose halves are u and v; each run's values are
     read before they are overwritten), the gradient of the mixed values
-    over ``scratch`` (T, K). Returns d(augmented matrix) per window class
+    over ``d_mixed_buffer`` (T, K). Returns d(augmented matrix) per window class
     when ``needs_matrices``."""
     groups = layout.groups
     u, v = a.chunk(2, dim=1)
@@ -297,7 +327,7 @@ def _mix_backward(a, d_gated, scratch, layout, matrices, mixed,
     for (run, u_r, v_r), dg_r, d_m, m, index in zip(
             _run_views(u, v, layout.runs, groups),
             d_gated.split([r.rows for r in layout.runs]),
-            _run_rows(scratch, layout), mixed, layout.matrix_of_run):
+            _run_rows(d_mixed_buffer, layout), mixed, layout.matrix_of_run):
         per_group = u_r.shape[-1]
         dg_r = dg_r.view(v_r.shape)
         # d(mixed), laid out as the matmul's output
@@ -307,7 +337,8 @@ def _mix_backward(a, d_gated, scratch, layout, matrices, mixed,
         # v_r is consumed: d(v) goes where it was
         torch.mul(dg_r, _token_order(m, run, per_group), out=v_r)
         matrix = _matching_dtype(matrices[index], d_m)
-        cols = _mixing_input(u_r).view(groups, run.n + 1, -1)
+        cols = _mixing_input(u_r, out=_cols_buffer(buffers, run, u_r)).view(
+            groups, run.n + 1, -1)
         if needs_matrices:
             d_matrix = torch.bmm(d_m, cols.transpose(1, 2))
             d_matrices[index] = d_matrix if d_matrices[index] is None \
@@ -318,6 +349,13 @@ def _mix_backward(a, d_gated, scratch, layout, matrices, mixed,
         u_r.copy_(_token_order(d_cols, run, per_group))
         del cols, d_cols
     return d_matrices
+
+
+def _cols_buffer(buffers, run, u_r):
+    """Scratch for a run's mixing input (groups, n + 1, windows, V)."""
+    windows, n, groups, per_group = u_r.shape
+    return buffers.get('mixing_input', (groups, n + 1, windows, per_group),
+                       u_r)
 
 
 def _gate_gradients(params, needs, matrices, d_matrices):

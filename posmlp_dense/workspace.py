@@ -1,4 +1,4 @@
-"""Scratch buffers that the blocks of a level share during inference.
+"""Scratch buffers that the blocks of a level share.
 
 Every block of a level produces intermediates of the same shapes.
 Allocating them afresh costs more than it seems: large buffers come straight
@@ -8,6 +8,11 @@ they write their intermediates into its buffers with the ``out=`` forms of
 the ops. Each name owns one flat storage that requests view (growing it when
 one needs more), so consecutive uses of a name share memory. It lives for
 one forward of one level.
+
+The lean training Function (block_function.py) does the same with its
+temporaries: a TrainingScratch holds one Workspace for the level's forward
+and one for its backward, which runs the blocks in reverse and releases the
+buffers after the level's first block.
 """
 from __future__ import annotations
 
@@ -56,3 +61,17 @@ def inference_workspace(device: torch.device) -> Workspace:
     """The Workspace of one level's INFERENCE-mode forward (forward_mode.py):
     cache-sized runs on the CPU, whole window classes elsewhere."""
     return Workspace(CPU_RUN_ROWS if device.type == 'cpu' else None)
+
+
+class TrainingScratch:
+    """The temporaries of one level's training forward and backward
+    (AUTOGRAD mode): ``forward`` serves the blocks' forwards and goes with
+    the level's forward call; ``backward`` is kept by the blocks' autograd
+    nodes and emptied by the last of them to run (``release``)."""
+
+    def __init__(self):
+        self.forward = Workspace()
+        self.backward = Workspace()
+
+    def release(self):
+        self.backward = Workspace()

@@ -212,3 +212,28 @@ def test_saved_activations_per_block(gate):
     matrices = groups * n * (n + 1) if gate == 'gqpe' else 0
     assert counts[True] == 4 * (T * (C + 2 + 2 * K + K) + matrices)
     assert counts[False] > 2 * counts[True]
+
+
+def test_backward_leaves_saved_tensors_intact():
+    """The backward writes over its own scratch buffers only: a second
+    backward through the same graph (retain_graph) gives the same
+    gradients."""
+    model = _model('gqpe', drop_path_rate=0.3)
+    x = torch.randn(2, 3, *IMAGE)
+    torch.manual_seed(0)
+    loss = sum((o ** 2).sum() for o in model(x))
+    loss.backward(retain_graph=True)
+    first = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert torch.equal(p.grad, first[name]), name
+
+
+def test_double_backward_is_refused():
+    model = _model('gqpe')
+    x = torch.randn(1, 3, *IMAGE, requires_grad=True)
+    loss = sum((o ** 2).sum() for o in model(x))
+    (grad,) = torch.autograd.grad(loss, x, create_graph=True)
+    with pytest.raises(RuntimeError, match='differentiate twice'):
+        grad.sum().backward()

@@ -162,6 +162,37 @@ MUTATIONS: List[Mutation] = [
         'torch.where(mask > 0, u, torch.zeros_like(u))',
         'u',
         (EXPORT_EAGER,), forward=True),
+    # ------------------------ the lean training Function (block_function.py)
+    Mutation(
+        'lean backward: d(v) multiplies by v instead of the mixed values',
+        'posmlp_dense/block_function.py',
+        '        torch.mul(dg_r, _token_order(m, run, per_group), out=v_r)\n',
+        '        torch.mul(dg_r, v_r, out=v_r)\n',
+        (GRADIENTS, '-k', 'block_gradients')),
+    Mutation(
+        'lean backward: LayerNorm output recomputed without its bias',
+        'posmlp_dense/block_function.py',
+        '            normed.mul_(rstd).mul_(norm_weight).add_(norm_bias)\n',
+        '            normed.mul_(rstd).mul_(norm_weight)\n',
+        (GRADIENTS, '-k', 'block_gradients')),
+    Mutation(
+        "GQPE's analytic backward: softmax backward without its row sums",
+        'posmlp_dense/gates/gqpe.py',
+        '        d_scores = weights * (d_weights - (d_weights * weights).sum(\n',
+        '        d_scores = weights * (d_weights - 0 * (d_weights * weights).sum(\n',
+        (GRADIENTS, '-k', 'block_gradients and gqpe')),
+    Mutation(
+        "GQPE's analytic backward: the position bias gets no gradient",
+        'posmlp_dense/gates/posgu.py',
+        '            d_bias.index_add_(0, index, d_aug[..., n].sum(dim=0))\n',
+        '            d_bias.index_add_(0, index, 0 * d_aug[..., n].sum(dim=0))\n',
+        (GRADIENTS, '-k', 'block_gradients and gqpe')),
+    Mutation(
+        'lean Function: weight gradients left in the gate\'s channel order',
+        'posmlp_dense/block_function.py',
+        '            d_w_e, d_b_e, d_w_s = layout.published_order(d_w_e, d_b_e, d_w_s)\n',
+        '',
+        (GRADIENTS, '-k', 'block_gradients')),
 ]
 
 
