@@ -178,8 +178,8 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         "GQPE's analytic backward: softmax backward without its row sums",
         'posmlp_dense/gates/gqpe.py',
-        '        d_scores = weights * (d_weights - (d_weights * weights).sum(\n',
-        '        d_scores = weights * (d_weights - 0 * (d_weights * weights).sum(\n',
+        '        d_weights.sub_(rows).mul_(weights)\n',
+        '        d_weights.mul_(weights)\n',
         (GRADIENTS, '-k', 'block_gradients and gqpe')),
     Mutation(
         "GQPE's analytic backward: the position bias gets no gradient",

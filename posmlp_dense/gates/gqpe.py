@@ -53,6 +53,7 @@ class GQPE(PositionBias):
         self.register_buffer(
             'rel_indices', gqpe_offset_features(self.window, generalized),
             persistent=False)
+        self._features_cache = {}
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -85,26 +86,51 @@ class GQPE(PositionBias):
     def weights(self, index: torch.Tensor) -> torch.Tensor:
         """(groups, n, n) softmax mixing weights among the given tokens."""
         feats = self.geometry(index, self.rel_indices)
-        scores = torch.einsum('mnf,sf->smn', feats, self.score_coefficients())
+        n = index.numel()
+        # scores[s, m, n] = feats[m, n] . coefficients[s], as one matmul
+        scores = self.score_coefficients().mm(
+            feats.reshape(n * n, -1).t()).view(self.groups, n, n)
         # weights below NEGLIGIBLE_WEIGHT -> 0, in one pass
         return torch.nn.functional.threshold(scores.softmax(dim=-1),
                                              NEGLIGIBLE_WEIGHT, 0.0)
 
     def coefficients_gradient(self, index: torch.Tensor,
-                              weights: torch.Tensor,
-                              d_weights: torch.Tensor) -> torch.Tensor:
-        """d(score coefficients) (groups, features) from the gradient of
-        ``weights(index)`` (given), without autograd: the softmax's backward
+                              augmented: torch.Tensor,
+                              d_augmented: torch.Tensor) -> torch.Tensor:
+        """d(score coefficients) (groups, features) from the gradient of an
+        augmented matrix (groups, n, n + 1): ``weights(index)`` and a bias
+        column (whose gradient the caller has read: ``d_augmented`` is
+        overwritten). Without autograd: the softmax's backward
         dS = P * (dP - rowsum(dP * P)), then the features' transpose. With
         the thresholded P the dropped weights pass no gradient, which
         autograd through ``weights`` gives up to their own size (below
         NEGLIGIBLE_WEIGHT times the row's gradient)."""
-        feats = self.geometry(index, self.rel_indices)
-        d_scores = weights * (d_weights - (d_weights * weights).sum(
-            dim=-1, keepdim=True))
         n = index.numel()
-        return d_scores.reshape(self.groups, n * n).mm(
-            feats.reshape(n * n, -1))
+        weights, d_weights = augmented[..., :n], d_augmented[..., :n]
+        rows = (d_weights * weights).sum(dim=-1, keepdim=True)
+        d_weights.sub_(rows).mul_(weights)
+        # the bias column meets zero features
+        return d_augmented.reshape(self.groups, -1).mm(
+            self._augmented_features(index))
+
+    def _augmented_features(self, index: torch.Tensor) -> torch.Tensor:
+        """(n * (n + 1), features): the offset features of an augmented
+        matrix's entries, zero in its bias column. Cached per window class,
+        like ``geometry``."""
+        key = (index.data_ptr(), index.numel())
+        cached = self._features_cache.get(key)
+        if cached is None or cached[0] is not index:
+            feats = self.geometry(index, self.rel_indices)
+            n, f = feats.shape[0], feats.shape[-1]
+            padded = feats.new_zeros(n, n + 1, f)
+            padded[:, :n] = feats
+            cached = (index, padded.view(n * (n + 1), f))
+            self._features_cache[key] = cached
+        return cached[1]
+
+    def _apply(self, fn, *args, **kwargs):
+        self._features_cache.clear()
+        return super()._apply(fn, *args, **kwargs)
 
     def full_window_weights(self):
         """(groups, N, N) unnormalized softmax weights of the full window,

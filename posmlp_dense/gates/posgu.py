@@ -62,7 +62,8 @@ class PoSGU(GateUnit):
 
     def mixing_backward(self, keys, augmented, d_augmented):
         """GQPE: the score coefficients' and the position bias's gradients
-        (GQPE.coefficients_gradient); LRPE: None (recomputed)."""
+        (GQPE.coefficients_gradient; ``d_augmented`` is overwritten);
+        LRPE: None (recomputed)."""
         if not self.has_mixing_backward:
             return None
         d_coefficients = 0
@@ -70,10 +71,11 @@ class PoSGU(GateUnit):
         for key, aug, d_aug in zip(keys, augmented, d_augmented):
             index = self.token_index(key, aug.device)
             n = index.numel()
-            d_coefficients = d_coefficients + self.pos.coefficients_gradient(
-                index, aug[..., :n], d_aug[..., :n])
-            # the bias column is shared by the groups
+            # the bias column is shared by the groups (read first: the
+            # coefficients' gradient overwrites d_aug)
             d_bias.index_add_(0, index, d_aug[..., n].sum(dim=0))
+            d_coefficients = d_coefficients + self.pos.coefficients_gradient(
+                index, aug, d_aug)
         return ([self.pos.score_coefficients(),
                  self.pos.token_proj_n_bias.view(-1)],
                 [d_coefficients, d_bias])
