@@ -101,7 +101,7 @@ class _Layout:
         parameters may have been replaced since the forward (e.g.
         torch.func.functional_call, which restores them on return)."""
         leaves = [p.detach().requires_grad_(p.requires_grad) for p in params]
-        with torch.enable_grad(), _swapped_parameters(
+        with torch.enable_grad(), _backward_graph(), _swapped_parameters(
                 self.gate, self.gate_param_names, leaves):
             return self.matrices(), leaves
 
@@ -146,7 +146,7 @@ class _Layout:
         leaves = [p.detach().requires_grad_(need)
                   for p, need in zip(params, needs)]
         d_matrices = [d.to(m.dtype) for m, d in zip(matrices, d_matrices)]
-        with torch.enable_grad(), _swapped_parameters(
+        with torch.enable_grad(), _backward_graph(), _swapped_parameters(
                 self.gate, self.gate_param_names, leaves):
             outputs, grads = self.gate.mixing_backward(
                 self.keys, matrices, d_matrices)
@@ -371,6 +371,19 @@ def _gate_gradients(params, needs, matrices, d_matrices):
         [m for m, _ in pairs], wanted, [d for _, d in pairs],
         allow_unused=True))
     return [next(grads) if need else None for need in needs]
+
+
+def _backward_graph():
+    """For the small autograd graphs the backward builds (the gate's
+    parameters -> its matrices): what they save is transient and local to
+    the backward, not an activation of the forward, so the caller's
+    saved-tensor hooks (offloading, or the benchmark's count of saved
+    activations) are not applied to it."""
+    return torch.autograd.graph.saved_tensors_hooks(_identity, _identity)
+
+
+def _identity(t):
+    return t
 
 
 @contextmanager

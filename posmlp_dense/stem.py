@@ -38,8 +38,9 @@ class ConvStem(nn.Module):
         # Except when training on a CPU: there oneDNN's weight gradient of
         # a channels-last conv is several times slower (the stem's step at
         # 2x512x512: 316 ms channels-last, 211 ms NCHW).
-        if not (x.device.type == 'cpu' and torch.is_grad_enabled()
-                and self.training):
+        # (an FX Proxy, whose device is unknown, gets channels-last)
+        if not (isinstance(x, torch.Tensor) and x.device.type == 'cpu'
+                and torch.is_grad_enabled() and self.training):
             x = x.contiguous(memory_format=torch.channels_last)
         if in_place and not self.training:
             x = self._forward_in_place(x)
