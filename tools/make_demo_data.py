@@ -66,20 +66,20 @@ def main(argv=None) -> int:
     common = dict(seed=args.seed, image_size=size,
                   reuse_existing=not args.force)
     try:
-        if 'det' in args.sets:
-            det = demo_data.make_detection_set(
-                osp.join(args.out, 'demo_coco'), num_train=args.det_train,
-                num_val=args.det_val, **common)
-            demo_data._report('detection', det)
-            print(f'  classes: {", ".join(det["classes"])} '
-                  '(COCO category ids 1..3)')
-        if 'seg' in args.sets:
-            seg = demo_data.make_segmentation_set(
-                osp.join(args.out, 'demo_ade'), num_train=args.seg_train,
-                num_val=args.seg_val, **common)
-            demo_data._report('segmentation', seg)
-            print(f'  classes: {", ".join(seg["classes"])} '
-                  '(label values 1..4, read with reduce_zero_label=True)')
+        # (set, maker, folder, train/val counts, how the labels are read)
+        dense_sets = (
+            ('det', 'detection', demo_data.make_detection_set, 'demo_coco',
+             args.det_train, args.det_val, 'COCO category ids 1..3'),
+            ('seg', 'segmentation', demo_data.make_segmentation_set,
+             'demo_ade', args.seg_train, args.seg_val,
+             'label values 1..4, read with reduce_zero_label=True'))
+        for key, kind, make, folder, train, val, labels in dense_sets:
+            if key not in args.sets:
+                continue
+            made = make(osp.join(args.out, folder), num_train=train,
+                        num_val=val, **common)
+            demo_data._report(kind, made)
+            print(f'  classes: {", ".join(made["classes"])} ({labels})')
         if 'cls' in args.sets:
             cls = shape_classes.make_classification_set(
                 shape_classes.default_root(args.out),
