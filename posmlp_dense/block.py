@@ -16,7 +16,7 @@ from torch import nn
 from .archs import LevelSpec
 from .block_function import lean_block_forward
 from .gates import build_gate
-from .gates.posgu import PoSGU
+from .gates.posgu import PoSGU, to_group_major
 from .windows import PaddedWindows, WindowPlan
 from .workspace import TrainingScratch, Workspace
 
@@ -114,17 +114,14 @@ class PosMLPBlock(nn.Module):
 
     def _projections(self):
         """proj_c_e's weight and bias and proj_c_s's weight, with the gate's
-        channels in the order the gate reads them (its ``channel_order``).
-        A gather of the weights per forward: cheap next to a re-arrangement
-        of the activations."""
-        order = self.gate_unit.channel_order
+        channels in the order the gate reads them (group-major, see
+        GateUnit.group_major). A permutation of the weights per forward:
+        cheap next to a re-arrangement of the activations."""
         w_e, b_e = self.proj_c_e.weight, self.proj_c_e.bias
         w_s = self.proj_c_s.weight
-        if order is None:
+        if not self.gate_unit.group_major:
             return w_e, b_e, w_s
-        both = torch.cat([order, order + order.numel()])
-        return (w_e.index_select(0, both), b_e.index_select(0, both),
-                w_s.index_select(1, order))
+        return to_group_major(w_e, b_e, w_s, self.gate_unit.groups)
 
     def extra_repr(self) -> str:
         return f'drop_path={self.drop_path}'

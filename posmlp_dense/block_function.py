@@ -37,6 +37,7 @@ from torch.autograd.function import once_differentiable
 
 from .token_mixing import (_matching_dtype, _mixing_input, _run_views,
                            _token_order)
+from .gates.posgu import from_group_major, to_group_major
 from .windows import WindowRun
 from .workspace import TrainingScratch, Workspace
 
@@ -106,37 +107,16 @@ class _Layout:
             return self.matrices(), leaves
 
     def gate_order(self, w_e, b_e, w_s):
-        """The projections with the gate's channels in its order (see
-        GateUnit.channel_order): published channel p * groups + s goes to
-        s * V + p, a transpose of (V, groups) (cheaper than a gather)."""
-        if self.gate.channel_order is None:
+        """The projections with the gate's channels in its order."""
+        if not self.gate.group_major:
             return w_e, b_e, w_s
-        g = self.groups
-        K = w_s.shape[1]
-        V = K // g
-        C = w_s.shape[0]
-        return (w_e.view(2, V, g, C).transpose(1, 2).reshape(2 * K, C),
-                b_e.view(2, V, g).transpose(1, 2).reshape(2 * K),
-                w_s.view(C, V, g).transpose(1, 2).reshape(C, K))
+        return to_group_major(w_e, b_e, w_s, self.groups)
 
     def published_order(self, d_w_e, d_b_e, d_w_s):
-        """Gradients in the gate's channel order -> the parameters' order
-        (the inverse transpose)."""
-        if self.gate.channel_order is None:
+        """Gradients in the gate's channel order -> the parameters' order."""
+        if not self.gate.group_major:
             return d_w_e, d_b_e, d_w_s
-        g = self.groups
-        if d_w_e is not None:
-            V = d_w_e.shape[0] // 2 // g
-            d_w_e = d_w_e.view(2, g, V, -1).transpose(1, 2).reshape(
-                d_w_e.shape)
-        if d_b_e is not None:
-            V = d_b_e.shape[0] // 2 // g
-            d_b_e = d_b_e.view(2, g, V).transpose(1, 2).reshape(d_b_e.shape)
-        if d_w_s is not None:
-            V = d_w_s.shape[1] // g
-            d_w_s = d_w_s.view(-1, g, V).transpose(1, 2).reshape(
-                d_w_s.shape)
-        return d_w_e, d_b_e, d_w_s
+        return from_group_major(d_w_e, d_b_e, d_w_s, self.groups)
 
     def analytic_gate_gradients(self, params, needs, matrices, d_matrices):
         """The gate parameters' gradients through its ``mixing_backward``."""

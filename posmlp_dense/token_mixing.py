@@ -8,7 +8,7 @@ the gated output is
 
 The token buffer stores a run as (windows, n, channels), and the gate's
 channels arrive group-major (channel g * channels_per_group + p; the block
-permutes its projections so, see GateUnit.channel_order). One
+permutes its projections so, see GateUnit.group_major). One
 re-arrangement of u into (groups, n, windows * channels_per_group), which
 moves runs of channels_per_group contiguous values, then makes the mixing of
 every window of the run a single batched matmul. The bias rides along as an

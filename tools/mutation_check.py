@@ -146,8 +146,12 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         'channel k in group k // (K / groups) instead of k % groups',
         'posmlp_dense/gates/posgu.py',
-        'torch.arange(channels).view(channels // groups, groups).t()',
-        'torch.arange(channels).view(groups, channels // groups)',
+        '    return (w_e.view(2, V, groups, C).transpose(1, 2).reshape(K2, C),\n'
+        '            b_e.view(2, V, groups).transpose(1, 2).reshape(K2),\n'
+        '            w_s.view(-1, V, groups).transpose(1, 2).reshape(w_s.shape))\n',
+        '    return (w_e.view(2, groups, V, C).reshape(K2, C),\n'
+        '            b_e.view(2, groups, V).reshape(K2),\n'
+        '            w_s.view(-1, groups, V).reshape(w_s.shape))\n',
         (NUMERICS,), forward=True),
     # --------------------------------- the captured-graph (export) forward
     Mutation(

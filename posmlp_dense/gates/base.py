@@ -29,14 +29,13 @@ class GateUnit(nn.Module):
         self.groups = groups
         self._mixing_cache: Dict[tuple, tuple] = {}
         self._index_cache: Dict[tuple, torch.Tensor] = {}
-        # The order in which the gate reads its channels: position j of the
-        # gate's input holds the published channel channel_order[j] (None:
-        # the published order). Set by gates with several groups, whose
-        # published channel k is in group k % groups: reading them
-        # group-major keeps each group's channels contiguous, so the token
-        # mixing re-arranges runs of values instead of single ones. The
-        # block permutes its projections' weights to match.
-        self.register_buffer('channel_order', None, persistent=False)
+        # Whether the gate reads its channels group-major. Set by gates with
+        # several groups, whose published channel k is in group k % groups:
+        # reading them group-major (posgu.to_group_major) keeps each group's
+        # channels contiguous, so the token mixing re-arranges runs of
+        # values instead of single ones. The block permutes its
+        # projections' weights to match.
+        self.group_major = False
 
     @property
     def num_positions(self) -> int:

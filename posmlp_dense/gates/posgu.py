@@ -29,8 +29,7 @@ class PoSGU(GateUnit):
             raise ValueError(f'{groups} groups do not divide {channels} gate '
                              f'channels')
         self.channels = channels
-        if groups > 1:
-            self.channel_order = group_major_order(channels, groups)
+        self.group_major = groups > 1
         if encoding == 'gqpe':
             if not pos_only:
                 raise ValueError('pos_only=False (an extra learned N x N '
@@ -89,7 +88,8 @@ class PoSGU(GateUnit):
     def forward(self, hidden: torch.Tensor, windows,
                 workspace: Optional[Workspace] = None) -> torch.Tensor:
         """``hidden`` (T, 2K), activated, -> (T, K). Both halves of
-        ``hidden`` and the result have their channels in ``channel_order``.
+        ``hidden`` and the result have their channels group-major
+        (``to_group_major``) when the gate has several groups.
         With a ``workspace`` the result overwrites ``hidden``'s second
         half."""
         u, v = hidden.chunk(2, dim=-1)
@@ -99,11 +99,32 @@ class PoSGU(GateUnit):
         return f'channels={self.channels}, pos_only={self.pos_only}'
 
 
-def group_major_order(channels: int, groups: int) -> torch.Tensor:
-    """Published channel indices in group-major order: position
-    g * (channels // groups) + p holds channel p * groups + g."""
-    return torch.arange(channels).view(channels // groups, groups).t() \
-        .reshape(-1)
+def to_group_major(w_e, b_e, w_s, groups: int):
+    """proj_c_e's weight (2K, C) and bias and proj_c_s's weight (C, K) with
+    the gate's channels group-major: in each half, published channel
+    p * groups + s moves to s * V + p (V = K / groups), a transpose of
+    (V, groups)."""
+    K2, C = w_e.shape
+    V = K2 // 2 // groups
+    return (w_e.view(2, V, groups, C).transpose(1, 2).reshape(K2, C),
+            b_e.view(2, V, groups).transpose(1, 2).reshape(K2),
+            w_s.view(-1, V, groups).transpose(1, 2).reshape(w_s.shape))
+
+
+def from_group_major(d_w_e, d_b_e, d_w_s, groups: int):
+    """The inverse of ``to_group_major``, for gradients (None passes)."""
+    if d_w_e is not None:
+        V = d_w_e.shape[0] // 2 // groups
+        d_w_e = d_w_e.view(2, groups, V, -1).transpose(1, 2).reshape(
+            d_w_e.shape)
+    if d_b_e is not None:
+        V = d_b_e.shape[0] // 2 // groups
+        d_b_e = d_b_e.view(2, groups, V).transpose(1, 2).reshape(d_b_e.shape)
+    if d_w_s is not None:
+        V = d_w_s.shape[1] // groups
+        d_w_s = d_w_s.view(-1, groups, V).transpose(1, 2).reshape(
+            d_w_s.shape)
+    return d_w_e, d_b_e, d_w_s
 
 
 def _check_token_matrix(module, state_dict, prefix, *args):
