@@ -154,6 +154,25 @@ class WindowPlan:
         assert (H, W) == (self.height, self.width), 'plan built for another size'
         if len(self.classes) == 1 and not fresh:
             return self._class_view(x, self.classes[0]).reshape(-1, C)
+        if _records_autograd(x):
+            return _Rearrange.apply(x, self, B)
+        return self._partition_copy(x)
+
+    def reverse(self, tokens: torch.Tensor, batch: int) -> torch.Tensor:
+        """(T, C) token buffer -> contiguous (B, H, W, C) map."""
+        C = tokens.shape[-1]
+        B = batch
+        if len(self.classes) == 1:
+            cls = self.classes[0]
+            return tokens.view(B, cls.rows.count, cls.cols.count,
+                               cls.rows.size, cls.cols.size, C).permute(
+                0, 1, 3, 2, 4, 5).reshape(B, self.height, self.width, C)
+        if _records_autograd(tokens):
+            return _Rearrange.apply(tokens, self, B)
+        return self._reverse_copy(tokens, B)
+
+    def _partition_copy(self, x: torch.Tensor) -> torch.Tensor:
+        B, C = x.shape[0], x.shape[-1]
         out = x.new_empty(self.num_tokens(B), C)
         offset = 0
         for cls in self.classes:
@@ -165,21 +184,14 @@ class WindowPlan:
             offset += n
         return out
 
-    def reverse(self, tokens: torch.Tensor, batch: int) -> torch.Tensor:
-        """(T, C) token buffer -> contiguous (B, H, W, C) map."""
+    def _reverse_copy(self, tokens: torch.Tensor, batch: int) -> torch.Tensor:
         C = tokens.shape[-1]
-        B = batch
-        if len(self.classes) == 1:
-            cls = self.classes[0]
-            return tokens.view(B, cls.rows.count, cls.cols.count,
-                               cls.rows.size, cls.cols.size, C).permute(
-                0, 1, 3, 2, 4, 5).reshape(B, self.height, self.width, C)
-        out = tokens.new_empty(B, self.height, self.width, C)
+        out = tokens.new_empty(batch, self.height, self.width, C)
         offset = 0
         for cls in self.classes:
-            n = cls.tokens * B * cls.windows_per_sample
+            n = cls.tokens * batch * cls.windows_per_sample
             self._class_view(out, cls).copy_(tokens[offset:offset + n].view(
-                B, cls.rows.count, cls.cols.count, cls.rows.size,
+                batch, cls.rows.count, cls.cols.count, cls.rows.size,
                 cls.cols.size, C))
             offset += n
         return out
@@ -201,6 +213,37 @@ class WindowPlan:
             B, cls.windows_per_sample * cls.tokens).reshape(-1)
                  for cls in self.classes]
         return (parts[0] if len(parts) == 1 else torch.cat(parts)).unsqueeze(1)
+
+
+def _records_autograd(x: torch.Tensor) -> bool:
+    return x.requires_grad and torch.is_grad_enabled()
+
+
+class _Rearrange(torch.autograd.Function):
+    """A map <-> token buffer copy of a WindowPlan with several classes, as
+    one autograd node. Every element moves to exactly one place (the classes
+    tile the map), so the gradient moves back by the inverse copy. Autograd
+    through the per-class copies instead clones and zero-fills the whole
+    gradient once per class (CopySlices), and zero-fills a full-size
+    gradient for every sliced view: at stage 1 that was several passes over
+    a 12 MB buffer per copy."""
+
+    @staticmethod
+    def forward(ctx, x, plan, batch):
+        ctx.plan, ctx.batch = plan, batch
+        # a map is 4-D, a token buffer 2-D
+        ctx.to_tokens = x.dim() == 4
+        if ctx.to_tokens:
+            return plan._partition_copy(x)
+        return plan._reverse_copy(x, batch)
+
+    @staticmethod
+    def backward(ctx, grad):
+        # through the Function again, so a double backward works too
+        grad = grad.contiguous()
+        if ctx.to_tokens:
+            return ctx.plan.reverse(grad, ctx.batch), None, None
+        return ctx.plan.partition(grad), None, None
 
 
 def in_window_index(key: Tuple[int, int, int, int], window: Tuple[int, int],

@@ -197,6 +197,14 @@ MUTATIONS: List[Mutation] = [
         '            d_w_e, d_b_e, d_w_s = layout.published_order(d_w_e, d_b_e, d_w_s)\n',
         '',
         (GRADIENTS, '-k', 'block_gradients')),
+    Mutation(
+        "window partition's backward: the gradient moved by the wrong plan "
+        "(unshifted instead of the partition's own)",
+        'posmlp_dense/windows.py',
+        '            return ctx.plan.reverse(grad, ctx.batch), None, None\n',
+        '            return make_plan(ctx.plan.height, ctx.plan.width, '
+        'ctx.plan.window).reverse(grad, ctx.batch), None, None\n',
+        (GRADIENTS, '-k', 'partition')),
 ]
 
 

@@ -109,12 +109,14 @@ class GQPE(PositionBias):
         weights, d_weights = augmented[..., :n], d_augmented[..., :n]
         rows = (d_weights * weights).sum(dim=-1, keepdim=True)
         d_weights.sub_(rows).mul_(weights)
-        # the bias column meets zero features
-        return d_augmented.reshape(self.groups, -1).mm(
-            self._augmented_features(index))
+        # the bias column meets zero features. (features^T @ d^T)^T: with
+        # the long reduction over the entries in the first operand's rows
+        # this runs 4x faster than d @ features on a CPU
+        return self._augmented_features(index).mm(
+            d_augmented.reshape(self.groups, -1).t()).t()
 
     def _augmented_features(self, index: torch.Tensor) -> torch.Tensor:
-        """(n * (n + 1), features): the offset features of an augmented
+        """(features, n * (n + 1)): the offset features of an augmented
         matrix's entries, zero in its bias column. Cached per window class,
         like ``geometry``."""
         key = (index.data_ptr(), index.numel())
@@ -124,7 +126,7 @@ class GQPE(PositionBias):
             n, f = feats.shape[0], feats.shape[-1]
             padded = feats.new_zeros(n, n + 1, f)
             padded[:, :n] = feats
-            cached = (index, padded.view(n * (n + 1), f))
+            cached = (index, padded.view(n * (n + 1), f).t().contiguous())
             self._features_cache[key] = cached
         return cached[1]
 
