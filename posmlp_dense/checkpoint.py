@@ -36,20 +36,6 @@ logger = logging.getLogger('posmlp_dense')
 
 # Keys of the classification model that a backbone does not have.
 CLASSIFIER_PREFIXES = ('head.', 'norm.')
-_EXTRA_SAFE_GLOBALS: List[object] = []
-
-
-def register_safe_globals(*objects):
-    """Allow more types in checkpoints read by this package.
-
-    The OpenMMLab glue adds the few mmengine types its training checkpoints
-    contain; nothing else should need this.
-    """
-    for obj in objects:
-        if obj not in _EXTRA_SAFE_GLOBALS:
-            _EXTRA_SAFE_GLOBALS.append(obj)
-
-
 # How torch's safe unpickler words a refused object (a global that is not
 # allowlisted, a call of one, an object of a class that is not allowed) ...
 _REFUSED_MARKERS = ('GLOBAL', 'unrecognized function',
@@ -61,7 +47,8 @@ _CORRUPT_MARKERS = ('Unsupported operand', 'String is too long',
 
 def safe_globals() -> List[object]:
     """Types allowed by ``weights_only`` loading besides tensors/containers."""
-    return [argparse.Namespace, *_EXTRA_SAFE_GLOBALS]
+    # the published checkpoints store their training arguments ('args')
+    return [argparse.Namespace]
 
 
 def _refuse_non_checkpoint(path: str):

@@ -86,7 +86,8 @@ class _TimmPosMLP(PosMLPClassifier):
             self.head = head
 
 
-def _create(variant: str, arch: str, pretrained: bool = False, **kwargs):
+def _create(variant: str, default_arch: str, pretrained: bool = False,
+            **kwargs):
     if pretrained:
         # timm resets custom_load when a file is given; keep it, so that the
         # file goes through load_pretrained below (before features_only
@@ -106,6 +107,9 @@ def _create(variant: str, arch: str, pretrained: bool = False, **kwargs):
     # out_indices only matter to features_only (timm's builder takes them
     # from kwargs there); the classifier itself has no output selection
     out_indices = kwargs.pop('out_indices', (0, 1, 2, 3))
+    # as timm's own variants do, a keyword overrides the variant's default
+    # (a custom ``arch`` dict, e.g. for a smaller test model)
+    arch = kwargs.pop('arch', default_arch)
     return build_model_with_cfg(
         _TimmPosMLP, variant, pretrained, arch=arch,
         feature_cfg=dict(feature_cls='getter', out_indices=out_indices),

@@ -280,7 +280,7 @@ class PaddedWindows:
         # (size() by dimension: an FX proxy's shape cannot be unpacked)
         B, H, W = x.size(0), x.size(1), x.size(2)
         wh, ww = window
-        self.batch, self.height, self.width = B, H, W
+        self.height, self.width = H, W
         self.window = tuple(window)
         self.n = wh * ww
         # leading padding puts the grid's first line at ``origin``

@@ -316,6 +316,23 @@ def test_saved_activations_counts_each_storage_once():
     assert saved.activation_bytes == 2 * 8 * 32 * 4
 
 
+def test_benchmark_out_is_checked_before_the_run(bench, tmp_path):
+    """--out is settled before minutes of measuring: a directory gets
+    benchmark.json inside, and a path that cannot be written is refused
+    up front."""
+    folder = tmp_path / 'results'
+    folder.mkdir()
+    assert bench.parse_args(['--out', str(folder)]).out == str(
+        folder / 'benchmark.json')
+    fresh = str(tmp_path / 'new') + '/'
+    assert bench.parse_args(['--out', fresh]).out == fresh + 'benchmark.json'
+    assert (tmp_path / 'new').is_dir()
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('')
+    with pytest.raises(SystemExit):
+        bench.parse_args(['--out', str(blocker / 'b.json')])
+
+
 def test_benchmark_rejects_bad_training_options(bench):
     with pytest.raises(SystemExit, match='bad training shape'):
         bench.main(['--training-only', '--train-shapes', '512x512'])

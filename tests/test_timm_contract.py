@@ -358,6 +358,19 @@ def test_create_model_without_head_and_pooling_returns_the_map():
         assert pooled(x).shape == (1, pooled.head_hidden_size) == (1, 768)
 
 
+def test_create_model_takes_a_custom_arch():
+    """As with timm's own variants, a keyword overrides the variant's
+    default: here the architecture (a dict, or another variant's name)."""
+    model = timm.create_model('posmlp_t', arch=TINY_ARCH, num_classes=5)
+    assert [level.encoder[0].norm.normalized_shape[0]
+            for level in model.levels] == list(DIMS)
+    assert model.head.out_features == 5
+    small = timm.create_model('posmlp_t', arch='s', num_classes=0)
+    assert small.num_features == 1024
+    with pytest.raises(KeyError, match='unknown PosMLP arch'):
+        timm.create_model('posmlp_t', arch='not_an_arch')
+
+
 def test_create_model_refuses_unknown_arguments():
     with pytest.raises(TypeError):
         timm.create_model('posmlp_t', not_an_option=1)

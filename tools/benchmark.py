@@ -213,7 +213,9 @@ def parse_args(argv=None):
                         'an earlier run next to its JSON')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', default=os.path.join('work_dirs', 'benchmark',
-                                                 'benchmark.json'))
+                                                 'benchmark.json'),
+                   help='the JSON file (the Markdown and the chart go next '
+                        'to it); a directory gets benchmark.json inside')
     args = p.parse_args(argv)
     if args.training_only and args.no_training:
         p.error('--training-only and --no-training exclude each other')
@@ -223,7 +225,26 @@ def parse_args(argv=None):
             setattr(args, key, value)
     if args.train_repeats < 1:
         p.error('--train-repeats must be at least 1')
+    if not args.from_json:
+        args.out = output_path(args.out, p.error)
     return args
+
+
+def output_path(out: str, error) -> str:
+    """Where the JSON goes, decided and checked before anything runs (a
+    run takes many minutes; its results must not be lost at the end): a
+    directory, existing or written with a trailing separator, gets
+    benchmark.json inside it."""
+    if os.path.isdir(out) or out.endswith(('/', os.sep)):
+        out = os.path.join(out, 'benchmark.json')
+    folder = os.path.dirname(os.path.abspath(out))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        error(f'--out {out}: cannot create its folder ({err})')
+    if os.path.isdir(out) or not os.access(folder, os.W_OK):
+        error(f'--out {out}: not a writable file path')
+    return out
 
 
 def write_outputs(report: dict, out: str, with_chart: bool = True) -> str:
