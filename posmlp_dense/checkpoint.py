@@ -105,7 +105,11 @@ def read_checkpoint(path: str, map_location='cpu') -> dict:
                                   f'{path}: it is truncated or corrupt '
                                   f'({err})') from err
     try:
-        with torch.serialization.safe_globals(safe_globals()):
+        # only what is not allowed already: leaving torch's context removes
+        # what it was given, and what the user allowed must stay allowed
+        allowed = torch.serialization.get_safe_globals()
+        extra = [t for t in safe_globals() if t not in allowed]
+        with torch.serialization.safe_globals(extra):
             ckpt = torch.load(path, map_location=map_location,
                               weights_only=True)
     except pickle.UnpicklingError as err:

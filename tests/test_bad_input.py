@@ -265,6 +265,25 @@ def test_matching_checkpoint_loads():
     assert report.unexpected == [] and len(report.loaded) > 50
 
 
+def test_reading_a_checkpoint_keeps_the_users_safe_globals():
+    """read_checkpoint allows argparse.Namespace (the published 'args')
+    for its call only; a type the user had allowed already stays allowed
+    (torch's context removes on exit what it was given)."""
+    import argparse
+    serialization = torch.serialization
+    before = list(serialization.get_safe_globals())
+    try:
+        serialization.clear_safe_globals()
+        read_checkpoint(OFFICIAL)
+        assert argparse.Namespace not in serialization.get_safe_globals()
+        serialization.add_safe_globals([argparse.Namespace])
+        assert 'state_dict' in read_checkpoint(OFFICIAL)
+        assert argparse.Namespace in serialization.get_safe_globals()
+    finally:
+        serialization.clear_safe_globals()
+        serialization.add_safe_globals(before)
+
+
 # --------------------------------------------------- checkpoint: bad files
 @pytest.fixture
 def model():
