@@ -95,15 +95,24 @@ class _Layout:
         return [self.gate.augmented_mixing(key, fresh=True)
                 for key in self.keys]
 
-    def recompute_matrices(self, params):
-        """The matrices from the gate parameters the forward saw, with
-        autograd: ``params`` detached into leaves of their own (returned).
-        Read through the gate while those are swapped in, since its
-        parameters may have been replaced since the forward (e.g.
-        torch.func.functional_call, which restores them on return)."""
-        leaves = [p.detach().requires_grad_(p.requires_grad) for p in params]
+    @contextmanager
+    def gate_leaves(self, params, needs):
+        """The gate parameters the forward saw, detached into leaves
+        (requiring grad where ``needs``) and swapped into the gate, with
+        grad enabled: the backward's small autograd graphs from them. The
+        gate's own parameters may have been replaced since the forward
+        (e.g. torch.func.functional_call, which restores them on return)."""
+        leaves = [p.detach().requires_grad_(need)
+                  for p, need in zip(params, needs)]
         with torch.enable_grad(), _backward_graph(), _swapped_parameters(
                 self.gate, self.gate_param_names, leaves):
+            yield leaves
+
+    def recompute_matrices(self, params):
+        """The matrices, recomputed with autograd from the parameters the
+        forward saw; returns them and those parameters' leaves."""
+        with self.gate_leaves(params,
+                              [p.requires_grad for p in params]) as leaves:
             return self.matrices(), leaves
 
     def gate_order(self, w_e, b_e, w_s):
@@ -123,11 +132,8 @@ class _Layout:
         wanted = [i for i, need in enumerate(needs) if need]
         if not wanted or all(d is None for d in d_matrices):
             return [None] * len(params)
-        leaves = [p.detach().requires_grad_(need)
-                  for p, need in zip(params, needs)]
         d_matrices = [d.to(m.dtype) for m, d in zip(matrices, d_matrices)]
-        with torch.enable_grad(), _backward_graph(), _swapped_parameters(
-                self.gate, self.gate_param_names, leaves):
+        with self.gate_leaves(params, needs) as leaves:
             outputs, grads = self.gate.mixing_backward(
                 self.keys, matrices, d_matrices)
             found = torch.autograd.grad(
