@@ -1,12 +1,15 @@
 """Shared fixtures: the reference checkpoints and small random models."""
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
 import torch
 
 FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures')
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), 'tools')
 
 # A reduced PosMLP small enough for per-window reference loops on CPU.
 TINY_ARCH = dict(embed_dims=(16, 32, 64, 128), depths=(1, 1, 2, 1),
@@ -16,6 +19,16 @@ TINY_ARCH = dict(embed_dims=(16, 32, 64, 128), depths=(1, 1, 2, 1),
 
 def fixture_path(name: str) -> str:
     return os.path.join(FIXTURES, name)
+
+
+def load_tool(name: str):
+    """tools/<name>.py as a module, to call its functions in this process
+    (the tools are scripts, not an importable package)."""
+    spec = importlib.util.spec_from_file_location(
+        f'posmlp_tool_{name}', os.path.join(TOOLS, f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def expected(gate: str) -> dict:

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import glob
-import importlib.util
 import os
 import os.path as osp
 import signal
@@ -28,7 +27,7 @@ import torch
 from posmlp_dense import atomic_io
 from posmlp_dense.checkpoint import read_checkpoint, save_checkpoint
 
-from conftest import fixture_path
+from conftest import fixture_path, load_tool
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONVERTER = osp.join(ROOT, 'tools', 'convert_checkpoint.py')
@@ -191,11 +190,7 @@ def test_save_checkpoint_killed_mid_write_keeps_the_previous_file(
 
 
 def _convert(args):
-    spec = importlib.util.spec_from_file_location('convert_checkpoint',
-                                                  CONVERTER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main(args)
+    return load_tool('convert_checkpoint').main(args)
 
 
 def test_converter_killed_mid_write_leaves_no_partial_file(tmp_path):

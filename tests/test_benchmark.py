@@ -2,9 +2,7 @@
 timing assertions)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
 import pytest
 import torch
@@ -18,9 +16,8 @@ from posmlp_dense.bench.training import (TrainingCase, build_detector,
                                          footprint_in_fresh_process,
                                          training_job)
 
-from conftest import randomize_
+from conftest import load_tool, randomize_
 
-TOOLS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'tools')
 
 # Windows that tile every level of a 112 x 112 input: maps 28, 14, 7, 4.
 ARCH = dict(embed_dims=[16, 32, 64, 128], depths=[1, 1, 2, 1],
@@ -31,11 +28,7 @@ SIZE = 112
 
 @pytest.fixture(scope='module')
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        'posmlp_benchmark', os.path.join(TOOLS, 'benchmark.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool('benchmark')
 
 
 def level_maps(size: int):

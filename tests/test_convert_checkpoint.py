@@ -1,8 +1,6 @@
 """tools/convert_checkpoint.py: released checkpoint -> backbone checkpoint."""
 from __future__ import annotations
 
-import importlib.util
-import os.path as osp
 
 import pytest
 import torch
@@ -10,17 +8,12 @@ import torch
 from posmlp_dense import PosMLP, load_pretrained
 from posmlp_dense.checkpoint import read_checkpoint
 
-from conftest import fixture_arch, fixture_path
+from conftest import fixture_arch, fixture_path, load_tool
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        'convert_checkpoint', osp.join(ROOT, 'tools', 'convert_checkpoint.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool('convert_checkpoint')
 
 
 @pytest.mark.parametrize('suffix', ['.pth', '.safetensors'])

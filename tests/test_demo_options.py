@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -13,20 +12,13 @@ import sys
 import pytest
 from mmengine.config import Config, DictAction
 
+from conftest import load_tool
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET = 'configs/demo/retinanet_posmlp_t_fpn_demo-shapes.py'
 SEG = 'configs/demo/fpn_posmlp_t_demo-shapes.py'
 
-
-def _load_demo():
-    spec = importlib.util.spec_from_file_location(
-        'demo_tool', osp.join(ROOT, 'tools', 'demo.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-demo = _load_demo()
+demo = load_tool('demo')
 
 
 _PARSED = {}

@@ -3,7 +3,6 @@ ONNX Runtime against eager PyTorch, and refused when they do not match."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -23,7 +22,7 @@ from posmlp_dense.export import (DynamicShapeError, export_onnx,
                                  verify_onnx)
 from posmlp_dense.export.coverage import describe_coverage
 
-from conftest import TINY_ARCH, randomize_
+from conftest import TINY_ARCH, load_tool, randomize_
 
 # Few blocks keep the exported graphs small (export is slow); two at level
 # 0, whose 14 x 14 windows are partial at every size used here, so that one
@@ -39,11 +38,7 @@ DEMO_SEG = osp.join(ROOT, 'configs', 'demo', 'fpn_posmlp_t_demo-shapes.py')
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        'export_tool', osp.join(ROOT, 'tools', 'export.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool('export')
 
 
 def _run_tool(argv):

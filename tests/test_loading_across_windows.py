@@ -18,9 +18,7 @@ Every real loading path is covered: a plain ``load_state_dict``,
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import os.path as osp
 
 import pytest
 import torch
@@ -28,13 +26,12 @@ import torch
 from posmlp_dense import PosMLP, load_pretrained
 from posmlp_dense.checkpoint import read_checkpoint
 
-from conftest import fixture_arch, fixture_path, randomize_
+from conftest import fixture_arch, fixture_path, load_tool, randomize_
 from reference import lrpe_weights, per_window_forward_levels
 
 ARCH = dict(embed_dims=(8, 16, 32, 64), depths=(1, 1, 1, 1),
             mlp_ratio=(4, 4, 4, 2), gamma=(4, 8, 16, 32),
             window_size=(7, 7, 7, 7))
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TABLE = 'window_relative_position_bias_table'
 BIAS = 'token_proj_n_bias'
 PATHS = ('load_state_dict', 'load_pretrained', 'init_cfg')
@@ -305,10 +302,7 @@ def test_model_loaded_after_use_computes_the_reference(gate, src, dst):
 def test_converter_resizes_for_other_windows_as_documented(tmp_path):
     """tools/convert_checkpoint.py --window-size: the written tables and
     biases are the released ones resized by the documented convention."""
-    spec = importlib.util.spec_from_file_location(
-        'convert_checkpoint', osp.join(ROOT, 'tools', 'convert_checkpoint.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool('convert_checkpoint')
     src = fixture_path('tiny_lrpe_official.pth')
     dst = str(tmp_path / 'w5.safetensors')
     assert tool.main([src, dst, '--window-size', '5']) == 0

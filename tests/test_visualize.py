@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 
@@ -20,20 +19,15 @@ import torch
 from posmlp_dense import PosMLP, load_pretrained, save_checkpoint
 from posmlp_dense.analysis import posmap as pm
 
-from conftest import fixture_path, randomize_
+from conftest import fixture_path, load_tool, randomize_
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARCH = dict(embed_dims=(16, 32, 64, 128), depths=(1, 1, 1, 1),
             mlp_ratio=(4, 4, 4, 2), gamma=(4, 8, 16, 32),
             window_size=(7, 7, 7, 7))
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        'visualize_posmap', os.path.join(ROOT, 'tools', 'visualize_posmap.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool('visualize_posmap')
 
 
 vp = _tool()
