@@ -21,6 +21,7 @@ import os
 import pickle
 import re
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -43,6 +44,18 @@ _REFUSED_MARKERS = ('GLOBAL', 'unrecognized function',
 # ... and bytes that are no pickle at all.
 _CORRUPT_MARKERS = ('Unsupported operand', 'String is too long',
                     'unsupported persistent id')
+
+
+@contextmanager
+def allowing(types: List[object]):
+    """Allow ``types`` in ``weights_only`` loading for the duration of the
+    block. Only those not allowed already are added: leaving torch's
+    ``safe_globals`` context removes what it was given, and what the user
+    allowed must stay allowed."""
+    allowed = torch.serialization.get_safe_globals()
+    with torch.serialization.safe_globals(
+            [t for t in types if t not in allowed]):
+        yield
 
 
 def safe_globals() -> List[object]:
@@ -105,11 +118,7 @@ def read_checkpoint(path: str, map_location='cpu') -> dict:
                                   f'{path}: it is truncated or corrupt '
                                   f'({err})') from err
     try:
-        # only what is not allowed already: leaving torch's context removes
-        # what it was given, and what the user allowed must stay allowed
-        allowed = torch.serialization.get_safe_globals()
-        extra = [t for t in safe_globals() if t not in allowed]
-        with torch.serialization.safe_globals(extra):
+        with allowing(safe_globals()):
             ckpt = torch.load(path, map_location=map_location,
                               weights_only=True)
     except pickle.UnpicklingError as err:

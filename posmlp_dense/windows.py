@@ -155,7 +155,7 @@ class WindowPlan:
         if len(self.classes) == 1 and not fresh:
             return self._class_view(x, self.classes[0]).reshape(-1, C)
         if _records_autograd(x):
-            return _Rearrange.apply(x, self, B)
+            return _Rearrange.apply(x, self, B, True)
         return self._partition_copy(x)
 
     def reverse(self, tokens: torch.Tensor, batch: int) -> torch.Tensor:
@@ -168,33 +168,33 @@ class WindowPlan:
                                cls.rows.size, cls.cols.size, C).permute(
                 0, 1, 3, 2, 4, 5).reshape(B, self.height, self.width, C)
         if _records_autograd(tokens):
-            return _Rearrange.apply(tokens, self, B)
+            return _Rearrange.apply(tokens, self, B, False)
         return self._reverse_copy(tokens, B)
 
     def _partition_copy(self, x: torch.Tensor) -> torch.Tensor:
-        B, C = x.shape[0], x.shape[-1]
-        out = x.new_empty(self.num_tokens(B), C)
-        offset = 0
-        for cls in self.classes:
-            n = cls.tokens * B * cls.windows_per_sample
-            block = out[offset:offset + n].view(
-                B, cls.rows.count, cls.cols.count, cls.rows.size,
-                cls.cols.size, C)
-            block.copy_(self._class_view(x, cls))
-            offset += n
+        out = x.new_empty(self.num_tokens(x.shape[0]), x.shape[-1])
+        for region, block in self._class_pairs(x, out):
+            block.copy_(region)
         return out
 
     def _reverse_copy(self, tokens: torch.Tensor, batch: int) -> torch.Tensor:
-        C = tokens.shape[-1]
-        out = tokens.new_empty(batch, self.height, self.width, C)
+        out = tokens.new_empty(batch, self.height, self.width,
+                               tokens.shape[-1])
+        for region, block in self._class_pairs(out, tokens):
+            region.copy_(block)
+        return out
+
+    def _class_pairs(self, x: torch.Tensor, tokens: torch.Tensor):
+        """Per class: its windows in the (B, H, W, C) map ``x`` and its
+        block of the (T, C) buffer ``tokens``, both (B, nr, nc, h, w, C)."""
+        B, C = x.shape[0], x.shape[-1]
         offset = 0
         for cls in self.classes:
-            n = cls.tokens * batch * cls.windows_per_sample
-            self._class_view(out, cls).copy_(tokens[offset:offset + n].view(
-                batch, cls.rows.count, cls.cols.count, cls.rows.size,
-                cls.cols.size, C))
+            n = cls.tokens * B * cls.windows_per_sample
+            yield self._class_view(x, cls), tokens[offset:offset + n].view(
+                B, cls.rows.count, cls.cols.count, cls.rows.size,
+                cls.cols.size, C)
             offset += n
-        return out
 
     @staticmethod
     def _class_view(x: torch.Tensor, cls: WindowClass) -> torch.Tensor:
@@ -229,11 +229,9 @@ class _Rearrange(torch.autograd.Function):
     a 12 MB buffer per copy."""
 
     @staticmethod
-    def forward(ctx, x, plan, batch):
-        ctx.plan, ctx.batch = plan, batch
-        # a map is 4-D, a token buffer 2-D
-        ctx.to_tokens = x.dim() == 4
-        if ctx.to_tokens:
+    def forward(ctx, x, plan, batch, to_tokens):
+        ctx.plan, ctx.batch, ctx.to_tokens = plan, batch, to_tokens
+        if to_tokens:
             return plan._partition_copy(x)
         return plan._reverse_copy(x, batch)
 
@@ -242,8 +240,8 @@ class _Rearrange(torch.autograd.Function):
         # through the Function again, so a double backward works too
         grad = grad.contiguous()
         if ctx.to_tokens:
-            return ctx.plan.reverse(grad, ctx.batch), None, None
-        return ctx.plan.partition(grad), None, None
+            return ctx.plan.reverse(grad, ctx.batch), None, None, None
+        return ctx.plan.partition(grad), None, None, None
 
 
 def in_window_index(key: Tuple[int, int, int, int], window: Tuple[int, int],

@@ -201,9 +201,9 @@ MUTATIONS: List[Mutation] = [
         "window partition's backward: the gradient moved by the wrong plan "
         "(unshifted instead of the partition's own)",
         'posmlp_dense/windows.py',
-        '            return ctx.plan.reverse(grad, ctx.batch), None, None\n',
+        '            return ctx.plan.reverse(grad, ctx.batch), None, None, None\n',
         '            return make_plan(ctx.plan.height, ctx.plan.width, '
-        'ctx.plan.window).reverse(grad, ctx.batch), None, None\n',
+        'ctx.plan.window).reverse(grad, ctx.batch), None, None, None\n',
         (GRADIENTS, '-k', 'partition')),
 ]
 

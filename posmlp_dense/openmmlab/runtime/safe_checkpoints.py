@@ -21,11 +21,10 @@ import builtins
 import os.path as osp
 
 import numpy as np
-import torch
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from ...checkpoint import read_checkpoint
+from ...checkpoint import allowing, read_checkpoint
 
 
 def mmengine_checkpoint_types() -> list:
@@ -45,11 +44,7 @@ def load_from_local_weights_only(filename, map_location=None) -> dict:
     """mmengine's loader for local files (``load_from``, resume); named like
     mmengine's own loaders, which its log quotes ('Loads checkpoint by
     local_weights_only backend')."""
-    # only what torch does not allow already: leaving the context removes
-    # what it added, and nothing a user allowed must go with it
-    allowed = torch.serialization.get_safe_globals()
-    extra = [t for t in mmengine_checkpoint_types() if t not in allowed]
-    with torch.serialization.safe_globals(extra):
+    with allowing(mmengine_checkpoint_types()):
         return read_checkpoint(osp.expanduser(filename), map_location)
 
 
