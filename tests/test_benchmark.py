@@ -1,19 +1,24 @@
 """tools/benchmark.py and posmlp_dense.bench in a tiny configuration (no
-timing assertions)."""
+assertions on speed; the stem clock's test checks where known pauses are
+counted, with lower bounds only)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
+from torch import nn
 
 from posmlp_dense import PosMLP
 from posmlp_dense.bench.measure import (PeakMemory, SavedActivations,
-                                       fit_exponent)
+                                       fit_exponent, make_step)
+from posmlp_dense.bench.models import build_models
 from posmlp_dense.bench.published_port import PublishedPort
-from posmlp_dense.bench.training import (TrainingCase, build_detector,
-                                         footprint,
+from posmlp_dense.bench.training import (StemClock, TrainingCase,
+                                         build_detector, footprint,
                                          footprint_in_fresh_process,
+                                         stem_modules, stem_split,
                                          training_job)
 
 from conftest import load_tool, randomize_
@@ -214,6 +219,11 @@ def test_benchmark_training_rows_tiny(bench, tmp_path, one_thread):
         assert r['peak_first_step_mb'] is None  # only a fresh process has it
         assert r['saved_activation_mb_per_image'] > 0, key
         assert r['params'] > 0
+        # the stem's share of the same (single) timed step
+        assert len(r['stem_times']) == 1, key
+        assert 0 < r['stem_median_s'] < r['median_s'], key
+        assert r['without_stem_median_s'] == pytest.approx(
+            r['median_s'] - r['stem_median_s']), key
     for model in ('posmlp_t', 'swin_t'):
         # checkpointing keeps fewer activations for the backward
         assert (rows[model, True]['saved_activation_mb_per_image']
@@ -227,8 +237,14 @@ def test_benchmark_training_rows_tiny(bench, tmp_path, one_thread):
             rows['posmlp_t', e['with_cp']]['saved_activation_mb_per_image']
             / swin)
         assert 'met' in e  # backbone steps have a target
+        mine = rows['posmlp_t', e['with_cp']]
+        assert e['time_ratio_without_stem'] == pytest.approx(
+            mine['without_stem_median_s']
+            / rows['swin_t', e['with_cp']]['without_stem_median_s'])
+        assert e['stem_s'] == mine['stem_median_s']
     md = (tmp_path / 'train.md').read_text()
     assert '### Training cost' in md
+    assert 'step time without the stem' in md
     assert '| backbone | Swin-T (with_cp) |' in md
 
 
@@ -258,6 +274,82 @@ def test_benchmark_detector_iteration_tiny(bench, tmp_path, one_thread):
     assert e['kind'] == 'detector' and e['time_ratio'] > 0
     assert 'met' not in e  # reported, no target
     assert 'RetinaNet-Swin-T' in (tmp_path / 'det.md').read_text()
+
+
+class _Pause(torch.autograd.Function):
+    """Identity that sleeps ``seconds`` in its forward and its backward."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        time.sleep(seconds)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class _SlowStage(nn.Module):
+    def __init__(self, seconds):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.seconds = seconds
+
+    def forward(self, x):
+        return _Pause.apply(self.conv(x), self.seconds)
+
+
+class _PausingBackbone(nn.Module):
+    """A stem and a level whose forward and backward each take a known
+    least time."""
+
+    def __init__(self, stem_s, level_s):
+        super().__init__()
+        self.patch_embed = _SlowStage(stem_s)
+        self.level = _SlowStage(level_s)
+
+    def forward(self, x):
+        return (self.level(self.patch_embed(x)),)
+
+
+def test_stem_clock_splits_a_step_between_stem_and_levels():
+    """Each part's forward and backward are counted to it: the stem (first
+    forward, last backward) gets at least its two pauses, the rest at
+    least the level's two."""
+    stem_s, level_s = 0.03, 0.05
+    model = _PausingBackbone(stem_s, level_s)
+    clock = StemClock(model, torch.device('cpu'))
+    x = torch.randn(1, 3, 8, 8)
+    step = make_step(model, 'fwdbwd')
+    steps = []
+    for _ in range(2):
+        t = time.perf_counter()
+        clock.timing(lambda: step(x))()
+        steps.append(time.perf_counter() - t)
+    assert len(clock.times) == 2
+    for stem, whole in zip(clock.times, steps):
+        assert stem >= 2 * stem_s
+        assert whole - stem >= 2 * level_s
+    split = stem_split(clock.times, steps)
+    assert split['without_stem_median_s'] >= 2 * level_s
+    # a stem that did not run leaves no time, rather than a wrong one
+    clock.timing(lambda: None)()
+    assert clock.times[-1] is None
+    assert stem_split(clock.times[-1:], [1.0])['stem_median_s'] is None
+
+
+def test_stem_modules_of_the_compared_backbones():
+    models = build_models(['posmlp_t', 'swin_t', 'resnet50'],
+                          posmlp_arch=ARCH)
+    assert stem_modules(models['posmlp_t'])[0] is \
+        models['posmlp_t'].patch_embed
+    assert type(stem_modules(models['swin_t'])[0]).__name__ == 'PatchEmbed'
+    first, last = stem_modules(models['resnet50'])
+    assert isinstance(first, nn.Conv2d) and isinstance(last, nn.MaxPool2d)
+    with pytest.raises(ValueError, match='no known stem'):
+        stem_modules(nn.Linear(2, 2))
 
 
 def test_retinanets_differ_by_their_backbones_only():

@@ -205,6 +205,12 @@ MUTATIONS: List[Mutation] = [
         '            return make_plan(ctx.plan.height, ctx.plan.width, '
         'ctx.plan.window).reverse(grad, ctx.batch), None, None, None\n',
         (GRADIENTS, '-k', 'partition')),
+    Mutation(
+        "benchmark's stem clock: the stem's backward not counted",
+        'posmlp_dense/bench/training.py',
+        "                                  + end - m['backward_start'])\n",
+        "                                  )\n",
+        ('tests/test_benchmark.py', '-k', 'stem_clock')),
 ]
 
 

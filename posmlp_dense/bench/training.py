@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -141,11 +142,77 @@ def detection_batch(shape: Sequence[int], seed: int) -> dict:
     return dict(inputs=inputs, data_samples=samples)
 
 
+def stem_modules(model: nn.Module) -> Tuple[nn.Module, nn.Module]:
+    """The first and the last module of a backbone's stem: the layers
+    before its first level (stage), which map the image to stride 4."""
+    if hasattr(model, 'patch_embed'):  # PosMLP's ConvStem, Swin's PatchEmbed
+        return model.patch_embed, model.patch_embed
+    if hasattr(model, 'conv1') and hasattr(model, 'maxpool'):  # ResNet
+        return model.conv1, model.maxpool
+    raise ValueError(f'no known stem in {type(model).__name__}')
+
+
+class StemClock:
+    """Splits the time of a backbone's training steps into its stem and
+    the rest, within the same steps (no extra run).
+
+    The stem is the first thing the forward runs, and its backward is the
+    last thing the backward runs (it is the first layer). Hooks take the
+    time when the stem's forward starts and ends, and when the gradient of
+    its output arrives; the stem's share of a step is its forward plus
+    everything from that gradient's arrival to the step's end (its
+    backward, and its parameters' gradient accumulation). On CUDA each
+    time is taken after a synchronization.
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device):
+        self.device = device
+        self.times: List[Optional[float]] = []
+        self._marks: Dict[str, float] = {}
+        first, last = stem_modules(model)
+        first.register_forward_pre_hook(self._forward_start)
+        last.register_forward_hook(self._forward_end)
+
+    def _now(self) -> float:
+        if self.device.type == 'cuda':
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _forward_start(self, module, args):
+        self._marks['forward_start'] = self._now()
+
+    def _forward_end(self, module, args, output):
+        self._marks['forward_end'] = self._now()
+        # Swin's PatchEmbed returns (tokens, (h, w))
+        out = output[0] if isinstance(output, (tuple, list)) else output
+        if out.requires_grad:
+            out.register_hook(self._backward_start)
+
+    def _backward_start(self, grad):
+        self._marks['backward_start'] = self._now()
+
+    def timing(self, step):
+        """``step`` with its stem time appended to ``times`` (None when a
+        mark is missing, e.g. a stem that did not run)."""
+        def run():
+            self._marks.clear()
+            step()
+            end = self._now()
+            m = self._marks
+            if len(m) < 3:
+                self.times.append(None)
+            else:
+                self.times.append(m['forward_end'] - m['forward_start']
+                                  + end - m['backward_start'])
+        return run
+
+
 def training_job(case: TrainingCase, device: torch.device, seed: int = 0,
                  posmlp_arch: Optional[dict] = None
                  ) -> Tuple[Job, nn.Module]:
     """The job of one case (model built, in train mode, on ``device``) and
-    its model."""
+    its model. A backbone's model carries a ``StemClock`` as
+    ``model.stem_clock``."""
     batch, h, w = case.shape
     key = (case.kind, case.model, case.with_cp, case.shape)
     if case.kind == 'backbone':
@@ -153,7 +220,10 @@ def training_job(case: TrainingCase, device: torch.device, seed: int = 0,
                              case.with_cp)[case.model].to(device)
         set_mode(model, 'fwdbwd')
         x = make_input((h, w), batch, device, seed)
-        return model_job(key, case.label, model, x, 'fwdbwd'), model
+        job = model_job(key, case.label, model, x, 'fwdbwd')
+        model.stem_clock = StemClock(model, device)
+        return dataclasses.replace(
+            job, step=model.stem_clock.timing(job.step)), model
     from mmengine.optim import OptimWrapper
     torch.manual_seed(seed)
     model = build_detector(case.model, case.with_cp, posmlp_arch).to(device)
@@ -248,6 +318,12 @@ def run_training(cases: Sequence[TrainingCase], repeats: int, warmup: int,
                        params=count_params(model), memory=memory)
             if kind == 'detector':
                 row['backbone_params'] = count_params(model.backbone)
+            else:
+                row.update(stem_split(model.stem_clock.times[-repeats:],
+                                      times))
+                log(f'train backbone {shape_name(shape)}  {case.label}: '
+                    f'stem {fmt(row["stem_median_s"], ".3f")} s of a '
+                    f'{med:.3f} s step (medians)', start)
             if memory == 'inprocess':
                 row.update(footprint(job, model, device, shape[0]))
                 row['peak_first_step_mb'] = None  # not the process's first
@@ -263,6 +339,19 @@ def run_training(cases: Sequence[TrainingCase], repeats: int, warmup: int,
                                                       posmlp_arch))
                 log_footprint(row, start)
     return rows
+
+
+def stem_split(stem_times: Sequence[Optional[float]],
+               step_times: Sequence[float]) -> dict:
+    """The stem's time in each timed step, and the medians of the stem and
+    of the rest of the step (each step's time less its stem's)."""
+    if len(stem_times) != len(step_times) or None in stem_times:
+        return dict(stem_times=list(stem_times), stem_median_s=None,
+                    without_stem_median_s=None)
+    return dict(stem_times=list(stem_times),
+                stem_median_s=statistics.median(stem_times),
+                without_stem_median_s=statistics.median(
+                    t - s for t, s in zip(step_times, stem_times)))
 
 
 def log_footprint(row: dict, start: float):
