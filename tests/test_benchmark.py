@@ -242,6 +242,8 @@ def test_benchmark_training_rows_tiny(bench, tmp_path, one_thread):
             mine['without_stem_median_s']
             / rows['swin_t', e['with_cp']]['without_stem_median_s'])
         assert e['stem_s'] == mine['stem_median_s']
+        # one timed round: the paired ratio is that round's ratio
+        assert e['time_ratio_paired'] == pytest.approx(e['time_ratio'])
     md = (tmp_path / 'train.md').read_text()
     assert '### Training cost' in md
     assert 'step time without the stem' in md
@@ -428,3 +430,22 @@ def test_benchmark_rejects_bad_training_options(bench):
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match='no CUDA device'):
             bench.main(['--device', 'cuda', '--training-only'])
+
+
+def test_training_ratios_paired_round_by_round():
+    """The paired ratio pairs each round's two steps (which ran back to
+    back); the median ratio compares the two medians."""
+    from posmlp_dense.bench.report import training_targets
+
+    def row(model, times, stem):
+        return dict(kind='backbone', model=model, shape=[2, 64, 64],
+                    with_cp=False, times=times, median_s=sorted(times)[1],
+                    min_s=min(times), stem_median_s=stem,
+                    without_stem_median_s=sorted(times)[1] - stem)
+    # round ratios 2.0, 0.8, 0.9 -> paired 0.9; medians 8 / 10 -> 0.8
+    (e,) = training_targets([row('posmlp_t', [2.0, 8.0, 9.0], 1.0),
+                             row('swin_t', [1.0, 10.0, 10.0], 0.5)])
+    assert e['time_ratio_paired'] == pytest.approx(0.9)
+    assert e['time_ratio'] == pytest.approx(0.8)
+    assert e['time_ratio_without_stem'] == pytest.approx(7.0 / 9.5)
+    assert (e['stem_s'], e['swin_stem_s']) == (1.0, 0.5)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import List, Optional
 
 from .measure import MEMORY_METHODS, MODES, fmt, size_name
@@ -18,6 +19,16 @@ def find(results, model, size, batch, mode):
 
 def _ratio(a, b):
     return a / b if a is not None and b else None
+
+
+def _paired_ratio(times, others):
+    """Median over the timed rounds of the ratio of the two rows' steps in
+    the same round: the rows of one kind and input run interleaved, so the
+    two steps of a round ran within seconds of each other, and a drift of
+    the machine's speed over the run cancels out of each ratio."""
+    if len(times) != len(others) or not times:
+        return None
+    return statistics.median(a / b for a, b in zip(times, others))
 
 
 def training_targets(rows) -> list:
@@ -38,6 +49,7 @@ def training_targets(rows) -> list:
             kind=r['kind'], shape=r['shape'], with_cp=r['with_cp'],
             time_ratio=r['median_s'] / swin['median_s'],
             time_ratio_min=r['min_s'] / swin['min_s'],
+            time_ratio_paired=_paired_ratio(r['times'], swin['times']),
             peak_ratio=_ratio(r.get('peak_mb'), swin.get('peak_mb')),
             peak_first_step_ratio=_ratio(r.get('peak_first_step_mb'),
                                          swin.get('peak_first_step_mb')),
@@ -193,18 +205,20 @@ def training_markdown(report: dict) -> List[str]:
     entries = report['targets'].get('training') or []
     if entries:
         lines += ['', 'PosMLP-T against Swin-T in training (ratios, below 1 '
-                  'is better; time from the medians and, in brackets, from '
-                  'the fastest steps):', '',
+                  'is better; step time from the medians and, in brackets, '
+                  'from the fastest steps; paired: the median of the '
+                  "two models' ratios round by round):", '',
                   '| kind | input (BxHxW) | with_cp | step time | step '
-                  'time without the stem | peak, first | peak, repeated | '
-                  'saved activations | target |',
+                  'time, paired | step time without the stem | peak, first '
+                  '| peak, repeated | saved activations | target |',
                   '| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | '
-                  '--- |']
+                  '---: | --- |']
         for e in entries:
             lines.append(
                 f"| {e['kind']} | {'x'.join(map(str, e['shape']))} | "
                 f"{'on' if e['with_cp'] else 'off'} | "
                 f"{e['time_ratio']:.2f} ({e['time_ratio_min']:.2f}) | "
+                f"{fmt(e.get('time_ratio_paired'), '.2f')} | "
                 f"{fmt(e.get('time_ratio_without_stem'), '.2f')} | "
                 f"{fmt(e['peak_first_step_ratio'], '.2f')} | "
                 f"{fmt(e['peak_ratio'], '.2f')} | "
