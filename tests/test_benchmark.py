@@ -449,3 +449,18 @@ def test_training_ratios_paired_round_by_round():
     assert e['time_ratio'] == pytest.approx(0.8)
     assert e['time_ratio_without_stem'] == pytest.approx(7.0 / 9.5)
     assert (e['stem_s'], e['swin_stem_s']) == (1.0, 0.5)
+
+
+def test_inference_latency_ratio_paired_round_by_round():
+    from posmlp_dense.bench.report import target_lines
+
+    def result(model, times):
+        return dict(model=model, size=[800, 1333], batch=1, mode='fwd',
+                    times=times, median_s=sorted(times)[1], min_s=min(times),
+                    peak_mem_mb=None)
+    report = dict(results=[result('posmlp_t', [2.0, 8.0, 9.0]),
+                           result('swin_t', [1.0, 10.0, 10.0])])
+    (e,) = target_lines(report)['posmlp_vs_swin']
+    assert e['latency_ratio_paired'] == pytest.approx(0.9)
+    assert e['latency_ratio'] == pytest.approx(0.8)
+    assert e['met']  # judged on the medians

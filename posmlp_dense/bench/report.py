@@ -93,6 +93,8 @@ def target_lines(report: dict) -> dict:
             entry = dict(size=r['size'], batch=r['batch'], mode=r['mode'],
                          latency_ratio=lat,
                          latency_ratio_min=r['min_s'] / swin['min_s'],
+                         latency_ratio_paired=_paired_ratio(r['times'],
+                                                            swin['times']),
                          peak_mem_ratio=mem)
             if tuple(r['size']) == det and r['mode'] == 'fwd':
                 entry['target'] = 'latency ratio <= 0.80, memory ratio <= 1.0'
@@ -278,7 +280,9 @@ def markdown(report: dict) -> str:
     if t['posmlp_vs_swin'] or t['posmlp_vs_port']:
         lines += ['', 'PosMLP-T against Swin-T (latency and peak-memory '
                   'ratios, below 1 is better) and against the published port '
-                  '(speedup); median and, in brackets, from the fastest runs:',
+                  '(speedup); median and, in brackets, from the fastest '
+                  "runs and paired (the median of the two models' latency "
+                  'ratios round by round):',
                   '', '| PosMLP-T against | input | batch | mode | '
                   'latency ratio | peak-memory ratio | speedup | target |',
                   '| --- | --- | ---: | --- | ---: | ---: | ---: | --- |']
@@ -287,7 +291,8 @@ def markdown(report: dict) -> str:
             lines.append(
                 f"| Swin-T | {size_name(e['size'])} | {e['batch']} | "
                 f"{e['mode']} | {e['latency_ratio']:.2f} "
-                f"({fmt(e.get('latency_ratio_min'), '.2f')}) | "
+                f"({fmt(e.get('latency_ratio_min'), '.2f')}; paired "
+                f"{fmt(e.get('latency_ratio_paired'), '.2f')}) | "
                 f"{fmt(e['peak_mem_ratio'], '.2f')} | - | {verdict(e)} |")
         for e in t['posmlp_vs_port']:
             lines.append(
