@@ -319,6 +319,8 @@ def run_training(cases: Sequence[TrainingCase], repeats: int, warmup: int,
             if kind == 'detector':
                 row['backbone_params'] = count_params(model.backbone)
             else:
+                # the model's last steps so far are its timed rounds (the
+                # footprint's steps come after)
                 row.update(stem_split(model.stem_clock.times[-repeats:],
                                       times))
                 log(f'train backbone {shape_name(shape)}  {case.label}: '
