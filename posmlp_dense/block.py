@@ -100,15 +100,16 @@ class PosMLPBlock(nn.Module):
                 rows, [C], norm.weight, norm.bias, norm.eps, out0=normed,
                 out1=workspace.get('mean', (run.rows, 1), x),
                 out2=workspace.get('rstd', (run.rows, 1), x))
-            hidden = workspace.get('hidden', (run.rows, w_e.shape[0]), x)
-            torch.addmm(b_e, normed, w_e.t(), out=hidden)
-            # on the whole contiguous tensor (on its strided halves the same
-            # kernel runs several times slower)
+            # channel-major (token_mixing.py): the mixing then multiplies
+            # each group's channels as they lie
+            hidden = workspace.get('hidden', (w_e.shape[0], run.rows), x)
+            torch.addmm(b_e.view(-1, 1), w_e, normed.t(), out=hidden)
             hidden = torch.ops.aten.gelu_(hidden) if exact_gelu \
                 else self.act(hidden)
-            gated = self.gate_unit(hidden, (run,), workspace)
+            gated = self.gate_unit.forward_channel_major(hidden, run,
+                                                         workspace)
             # the residual, in place (the out= form, which flop counters see)
-            torch.addmm(rows, gated, w_s.t(), out=rows)
+            torch.addmm(rows, gated.t(), w_s.t(), out=rows)
             rows.add_(self.proj_c_s.bias)
         return x
 

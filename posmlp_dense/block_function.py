@@ -17,10 +17,18 @@ channel order.
 
 This Function keeps x, LN's mean and rstd, h (2K) and the mixed values
 (K): C + 3K per token, 7C at mlp_ratio 4, and nothing per block. Its
-backward recomputes the rest from those with elementwise passes and copies
-(LN's output, GELU(h), the mixing input, the gated product) and the mixing
-matrices from the gate's parameters (small next to the token matmuls); no
-matmul over tokens runs twice.
+backward recomputes the rest from those with elementwise passes (LN's
+output, GELU(h), the gated product) and the mixing matrices from the gate's
+parameters (small next to the token matmuls); no matmul over tokens runs
+twice.
+
+Between the two projections the hidden values are channel-major, window
+class by window class (``_run_blocks``): the expansion writes h^T, whose
+rows for one gate group and one class are already the (V * windows, n)
+matrix that the mixing multiplies by P^T. The token mixing then needs no
+re-arrangement of u (autograd through each operation re-lays it out, and
+its gradient back, in every block), and the gating multiplies contiguous
+values.
 
 Under autocast it computes what autograd through the same operations would:
 LayerNorm in the parameters' dtype, matmuls and GELU in the autocast dtype,
@@ -35,8 +43,7 @@ from typing import Optional, Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
-from .token_mixing import (_matching_dtype, _mixing_input, _run_views,
-                           _token_order)
+from .token_mixing import _matching_dtype, mix_rows
 from .gates.posgu import from_group_major, to_group_major
 from .windows import WindowRun
 from .workspace import TrainingScratch, Workspace
@@ -160,6 +167,7 @@ class LeanPoSGUBlock(torch.autograd.Function):
                 layout, *gate_params):
         cdtype = _compute_dtype(x)
         buffers = layout.forward_buffers()
+        runs = layout.runs
         with torch.autocast(x.device.type, enabled=False):
             T, C = x.shape
             ln_input = x.to(norm_weight.dtype)
@@ -170,17 +178,29 @@ class LeanPoSGUBlock(torch.autograd.Function):
                 out0=normed, out1=mean, out2=rstd)
             expand_w, expand_b, shrink_w = (
                 t.to(cdtype) for t in layout.gate_order(w_e, b_e, w_s))
-            h = torch.addmm(expand_b, normed.to(cdtype), expand_w.t())
+            normed = normed.to(cdtype)
+            hidden = expand_w.shape[0]
+            # h^T, run by run: (hidden, rows) blocks (see _run_blocks)
+            h = normed.new_empty(hidden * T)
+            for rows, h_r in zip(_token_rows(normed, runs),
+                                 _run_blocks(h, runs)):
+                torch.addmm(expand_b.view(-1, 1), expand_w, rows.t(),
+                            out=h_r)
             del normed
             a = torch.ops.aten.gelu.out(
                 h, approximate=layout.approximate,
                 out=buffers.get('activation', h.shape, h))
             matrices = layout.matrices()
-            # the gated product is written over u (a's first half)
-            mixed = _mix(a, layout, matrices, buffers)
-            gated = a[:, :a.shape[1] // 2]
-            out = torch.addmm(b_s.to(cdtype), gated, shrink_w.t())
-            del a, gated, expand_w, expand_b, shrink_w
+            # the gated product is written over each run's u
+            mixed = _mix(a, layout, matrices)
+            out = torch.empty((T, shrink_w.shape[0]), dtype=cdtype,
+                              device=x.device)
+            shrink_b = b_s.to(cdtype)
+            for out_r, a_r in zip(_token_rows(out, runs),
+                                  _run_blocks(a, runs)):
+                torch.addmm(shrink_b, a_r[:hidden // 2].t(), shrink_w.t(),
+                            out=out_r)
+            del a, expand_w, expand_b, shrink_w
             if scale is not None:
                 out.mul_(scale.to(cdtype))
             if out.dtype == x.dtype:
@@ -204,6 +224,7 @@ class LeanPoSGUBlock(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         layout, cdtype = ctx.layout, ctx.cdtype
+        runs = layout.runs
         (x, norm_weight, norm_bias, w_e, b_e, w_s, scale, mean, rstd,
          h, *rest) = ctx.saved_tensors
         gate_params = rest[:ctx.num_gate]
@@ -217,6 +238,7 @@ class LeanPoSGUBlock(torch.autograd.Function):
         with torch.autocast(dy.device.type, enabled=False):
             expand_w, _, shrink_w = (
                 t.to(cdtype) for t in layout.gate_order(w_e, b_e, w_s))
+            hidden = expand_w.shape[0]
             dout = dy.to(cdtype)
             if scale is not None:
                 dout = dout * scale.to(cdtype)
@@ -225,42 +247,53 @@ class LeanPoSGUBlock(torch.autograd.Function):
             a = torch.ops.aten.gelu.out(
                 h, approximate=layout.approximate,
                 out=buffers.get('activation', h.shape, h))
-            u, v = a.chunk(2, dim=1)
-            gated = buffers.get('gated', u.shape, u)
-            for (run, _, v_r), g_r, m in zip(
-                    _run_views(u, v, layout.runs, layout.groups),
-                    _run_rows(gated, layout), mixed):
-                torch.mul(v_r, _token_order(m, run, v_r.shape[-1]),
-                          out=g_r.view(v_r.shape))
-            d_w_s = dout.t().mm(gated) if needs[5] else None
+            gated = buffers.get('gated', (h.numel() // 2,), h)
+            d_gated = buffers.get('d_gated', gated.shape, dout)
+            d_w_s = None
+            for (u, v), g_r, dg_r, m, dout_r in zip(
+                    _gate_halves(a, layout), _run_blocks(gated, runs),
+                    _run_blocks(d_gated, runs), mixed,
+                    _token_rows(dout, runs)):
+                torch.mul(m, v, out=g_r.view(m.shape))
+                if needs[5]:
+                    d_w_s = dout_r.t().mm(g_r.t()) if d_w_s is None \
+                        else d_w_s.addmm_(dout_r.t(), g_r.t())
+                torch.mm(shrink_w.t(), dout_r.t(), out=dg_r)
             d_b_s = dout.sum(0) if needs[6] else None
-            d_gated = torch.mm(dout, shrink_w, out=buffers.get(
-                'd_gated', gated.shape, dout))
-            del dout
-            # d(u, v) is written over a, and d(mixed) over the gated product
+            del dout, gated
+            # d(u, v) is written over a
             d_matrices = _mix_backward(
-                a, d_gated, gated, layout, [m.detach() for m in matrices],
-                mixed, any(needs_gate), buffers)
-            del gated, d_gated
+                a, d_gated, layout, [m.detach() for m in matrices], mixed,
+                any(needs_gate), buffers)
+            del d_gated
             # GELU's backward, written over its incoming gradient
             d_h = torch.ops.aten.gelu_backward.grad_input(
                 a, h, approximate=layout.approximate, grad_input=a)
-            del a, u, v
+            del a
             ln_input = x.to(norm_weight.dtype)
             normed = torch.sub(ln_input, mean, out=buffers.get(
                 'normed', ln_input.shape, ln_input))
             normed.mul_(rstd).mul_(norm_weight).add_(norm_bias)
-            d_w_e = d_h.t().mm(normed.to(cdtype)) if needs[3] else None
-            d_b_e = d_h.sum(0) if needs[4] else None
-            del normed
-            d_normed = torch.mm(d_h, expand_w, out=buffers.get(
-                'd_normed', (d_h.shape[0], expand_w.shape[1]), d_h)).to(
-                norm_weight.dtype)
-            del d_h
+            normed = normed.to(cdtype)
+            d_normed = buffers.get('d_normed', (x.shape[0],
+                                                expand_w.shape[1]), d_h)
+            d_w_e = d_b_e = None
+            for d_h_r, rows, d_rows in zip(_run_blocks(d_h, runs),
+                                           _token_rows(normed, runs),
+                                           _token_rows(d_normed, runs)):
+                if needs[3]:
+                    d_w_e = d_h_r.mm(rows) if d_w_e is None \
+                        else d_w_e.addmm_(d_h_r, rows)
+                if needs[4]:
+                    d_b_e = d_h_r.sum(1) if d_b_e is None \
+                        else d_b_e.add_(d_h_r.sum(1))
+                torch.mm(d_h_r.t(), expand_w, out=d_rows)
+            del normed, d_h
             d_x, d_norm_w, d_norm_b = \
                 torch.ops.aten.native_layer_norm_backward(
-                    d_normed, ln_input, (x.shape[1],), mean, rstd,
-                    norm_weight, norm_bias, [needs[0], needs[1], needs[2]])
+                    d_normed.to(norm_weight.dtype), ln_input, (x.shape[1],),
+                    mean, rstd, norm_weight, norm_bias,
+                    [needs[0], needs[1], needs[2]])
             if needs[0]:
                 d_x = d_x.add_(dy) if d_x.dtype == dy.dtype else \
                     dy + d_x.to(ctx.x_dtype)
@@ -277,71 +310,82 @@ class LeanPoSGUBlock(torch.autograd.Function):
                 None, *d_gate)
 
 
-def _run_rows(buffer, layout):
-    return buffer.split([run.rows for run in layout.runs])
+def _token_rows(tokens, runs):
+    """Each run's rows of a (T, C) token buffer."""
+    return tokens.split([run.rows for run in runs])
 
 
-def _mix(a, layout, matrices, buffers):
+def _run_blocks(flat, runs):
+    """Each run's (channels, rows) block of a flat channel-major buffer.
+
+    Inside the Function the hidden activations are stored transposed, run by
+    run: the run's ``channels x rows`` values, channel after channel. A
+    gate group's channels then hold, for each channel, the run's windows one
+    after another: a (V * windows, n) matrix whose rows are windows of one
+    channel, which the mixing multiplies by P^T with no re-arrangement."""
+    channels = flat.numel() // sum(run.rows for run in runs)
+    blocks, start = [], 0
+    for run in runs:
+        size = channels * run.rows
+        blocks.append(flat[start:start + size].view(channels, run.rows))
+        start += size
+    return blocks
+
+
+def _gate_halves(a, layout):
+    """Per run, the halves u, v of the activation ``a`` (channel-major, see
+    _run_blocks) as (groups, V * windows, n) matrices."""
+    for run, a_r in zip(layout.runs, _run_blocks(a, layout.runs)):
+        u, v = a_r.chunk(2)
+        yield (_group_rows(u, layout.groups, run),
+               _group_rows(v, layout.groups, run))
+
+
+def _group_rows(block, groups, run):
+    """A run's (K, rows) channel-major block -> (groups, V * windows, n)."""
+    return block.view(groups, -1, run.n)
+
+
+def _mix(a, layout, matrices):
     """The gated product (P u + bias) * v of the halves u, v of ``a``, run
     by run, written over u. Returns each run's mixed values P u + bias
-    (groups, n, windows * V), the only intermediate the backward keeps."""
-    groups = layout.groups
-    u, v = a.chunk(2, dim=1)
+    (groups, V * windows, n), the only intermediate the backward keeps."""
     mixed = []
-    for (run, u_r, v_r), index in zip(
-            _run_views(u, v, layout.runs, groups), layout.matrix_of_run):
-        cols = _mixing_input(u_r, out=_cols_buffer(buffers, run, u_r))
-        m = torch.bmm(_matching_dtype(matrices[index], cols),
-                      cols.view(groups, run.n + 1, -1))
-        del cols
-        # u_r is consumed: the product goes where it was
-        torch.mul(v_r, _token_order(m, run, v_r.shape[-1]), out=u_r)
+    for (u, v), index in zip(_gate_halves(a, layout), layout.matrix_of_run):
+        m = mix_rows(u, matrices[index])
+        # u is consumed: the product goes where it was
+        torch.mul(m, v, out=u)
         mixed.append(m)
     return mixed
 
 
-def _mix_backward(a, d_gated, d_mixed_buffer, layout, matrices, mixed,
-                  needs_matrices, buffers):
-    """Gradients of the gated mixing. d(u, v) is written over ``a`` (the
-    (T, 2K) activation whose halves are u and v; each run's values are
-    read before they are overwritten), the gradient of the mixed values
-    over ``d_mixed_buffer`` (T, K). Returns d(augmented matrix) per window class
-    when ``needs_matrices``."""
-    groups = layout.groups
-    u, v = a.chunk(2, dim=1)
+def _mix_backward(a, d_gated, layout, matrices, mixed, needs_matrices,
+                  buffers):
+    """Gradients of the gated mixing, run by run. ``d_gated`` is the
+    gradient of the gated product (channel-major like ``a``). d(u, v) is
+    written over ``a`` (each run's u and v are read before they are
+    overwritten). Returns d(augmented matrix) per window class when
+    ``needs_matrices``."""
     d_matrices = [None] * len(matrices)
-    for (run, u_r, v_r), dg_r, d_m, m, index in zip(
-            _run_views(u, v, layout.runs, groups),
-            d_gated.split([r.rows for r in layout.runs]),
-            _run_rows(d_mixed_buffer, layout), mixed, layout.matrix_of_run):
-        per_group = u_r.shape[-1]
-        dg_r = dg_r.view(v_r.shape)
-        # d(mixed), laid out as the matmul's output
-        d_m = d_m.view(groups, run.n, run.windows, per_group)
-        torch.mul(dg_r.permute(2, 1, 0, 3), v_r.permute(2, 1, 0, 3), out=d_m)
-        d_m = d_m.view(groups, run.n, -1)
-        # v_r is consumed: d(v) goes where it was
-        torch.mul(dg_r, _token_order(m, run, per_group), out=v_r)
-        matrix = _matching_dtype(matrices[index], d_m)
-        cols = _mixing_input(u_r, out=_cols_buffer(buffers, run, u_r)).view(
-            groups, run.n + 1, -1)
+    for (u, v), dg, m, run, index in zip(
+            _gate_halves(a, layout), _run_blocks(d_gated, layout.runs),
+            mixed, layout.runs, layout.matrix_of_run):
+        n = run.n
+        dg = _group_rows(dg, layout.groups, run)
+        d_m = torch.mul(dg, v, out=buffers.get('d_mixed', m.shape, m))
+        # v is consumed: d(v) goes where it was
+        torch.mul(dg, m, out=v)
         if needs_matrices:
-            d_matrix = torch.bmm(d_m, cols.transpose(1, 2))
+            # d(P) = d_m^T u per group; the bias column's gradient is each
+            # query's d_m summed over the rows (the bias meets ones)
+            d_matrix = torch.cat([torch.bmm(d_m.transpose(1, 2), u),
+                                  d_m.sum(dim=1).unsqueeze(2)], dim=2)
             d_matrices[index] = d_matrix if d_matrices[index] is None \
                 else d_matrices[index] + d_matrix
-        # d(mixing input), into the mixing input's buffer (no longer read)
-        d_cols = cols.view(-1)[:d_m.numel()].view(d_m.shape)
-        torch.bmm(matrix[..., :run.n].transpose(1, 2), d_m, out=d_cols)
-        u_r.copy_(_token_order(d_cols, run, per_group))
-        del cols, d_cols
+        # u is no longer read: d(u) = d_m P goes where it was
+        torch.bmm(d_m, _matching_dtype(matrices[index], d_m)[..., :n],
+                  out=u)
     return d_matrices
-
-
-def _cols_buffer(buffers, run, u_r):
-    """Scratch for a run's mixing input (groups, n + 1, windows, V)."""
-    windows, n, groups, per_group = u_r.shape
-    return buffers.get('mixing_input', (groups, n + 1, windows, per_group),
-                       u_r)
 
 
 def _gate_gradients(params, needs, matrices, d_matrices):

@@ -1,4 +1,4 @@
-"""Apply per-group token-mixing matrices to a window-partitioned token buffer.
+"""Apply per-group token-mixing matrices to window-partitioned tokens.
 
 This is the hot loop of the model. For each run of windows of one class (see
 windows.py) the gate provides P (groups, n, n) and a per-query bias (n,), and
@@ -6,20 +6,26 @@ the gated output is
 
     g[m, k] = (sum_n P[group(k)][m, n] * u[n, k] + bias[m]) * v[m, k]
 
-The token buffer stores a run as (windows, n, channels), and the gate's
-channels arrive group-major (channel g * channels_per_group + p; the block
-permutes its projections so, see GateUnit.group_major). One
-re-arrangement of u into (groups, n, windows * channels_per_group), which
-moves runs of channels_per_group contiguous values, then makes the mixing of
-every window of the run a single batched matmul. The bias rides along as an
-extra column of P against a row of ones under u (no separate pass over the
-output), and the product with v is written straight back in token order.
+The gate's channels arrive group-major (channel g * channels_per_group + p;
+the block permutes its projections so, see GateUnit.group_major). The
+hidden values come in one of three layouts:
 
-In INFERENCE mode (see forward_mode.py) the gated product is written back
-into v's storage, and the scratch buffers are reused from run to run.
+* Channel-major (``mix_channel_major``; the lean training Function and
+  INFERENCE mode): a run's u is stored transposed, channel after channel,
+  each channel holding the run's windows one after another. A group's
+  channels are then one (V * windows, n) matrix, and the mixing of the whole
+  run is one batched matmul by P^T, with the bias added by the same call;
+  the product with v multiplies contiguous values.
+* Token-major (``mix_tokens``; autograd through each operation, the
+  reference the lean path is tested against): the token buffer stores a run
+  as (windows, n, channels). u is re-arranged into (groups, n + 1, windows *
+  channels_per_group), with a row of ones that carries the bias as an extra
+  column of P, and the product with v is written back in token order.
+* Padded windows (``mix_padded_windows``; a captured graph): the padded
+  keys are taken out of the mixing instead.
 
-In a captured graph the windows are padded (windows.PaddedWindows) and
-``mix_padded_windows`` takes the padded keys out of the mixing instead.
+In INFERENCE mode (see forward_mode.py) the gated product is written over
+v, and the scratch buffers are reused from run to run.
 """
 from __future__ import annotations
 
@@ -35,20 +41,46 @@ AugmentedMixingFn = Callable[[Tuple[int, int, int, int]], torch.Tensor]
 
 
 def mix_tokens(u: torch.Tensor, v: torch.Tensor, runs: Sequence[WindowRun],
-               groups: int, mixing: AugmentedMixingFn,
-               workspace: Optional[Workspace] = None) -> torch.Tensor:
+               groups: int, mixing: AugmentedMixingFn) -> torch.Tensor:
     """Gated token mixing of a (T, K) buffer; returns a (T, K) tensor.
 
     ``u`` and ``v`` are (T, K) (they may be strided halves of one tensor)
     whose rows are the ``runs``, in order, and whose channels are
     group-major: channel k belongs to group ``k // (K // groups)``.
-    With a ``workspace`` (INFERENCE mode) the result is written into ``v``'s
-    storage (the caller's own intermediate) and returned as a view of it,
-    and the scratch buffers come from the workspace.
     """
-    if workspace is None:
-        return _mix_with_autograd(u, v, runs, groups, mixing)
-    return _mix_in_place(u, v, runs, groups, mixing, workspace)
+    K = u.shape[1]
+    per_group = K // groups
+    parts = []
+    for run, u_r, v_r in _run_views(u, v, runs, groups):
+        cols = _mixing_input(u_r)
+        mixed = torch.bmm(_matching_dtype(mixing(run.key), cols),
+                          cols.view(groups, run.n + 1, -1))
+        gated = torch.mul(v_r, _token_order(mixed, run, per_group))
+        parts.append(gated.view(run.rows, K))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def mix_channel_major(u: torch.Tensor, v: torch.Tensor, run: WindowRun,
+                      groups: int, mixing: AugmentedMixingFn,
+                      workspace: Workspace) -> torch.Tensor:
+    """INFERENCE mode, one run: the gated product of channel-major halves
+    u, v (K, run.rows), written over ``v`` and returned."""
+    mixed = workspace.get('mixed', (groups, u.numel() // groups // run.n,
+                                    run.n), u)
+    v = v.view(mixed.shape)
+    v.mul_(mix_rows(u.view(mixed.shape), mixing(run.key), out=mixed))
+    return v.view(u.shape)
+
+
+def mix_rows(u: torch.Tensor, augmented: torch.Tensor,
+             out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """u P^T + bias for channel-major u (groups, rows, n), whose rows are
+    one channel of one window each; ``augmented`` (groups, n, n + 1) is P
+    with the bias appended."""
+    n = u.shape[-1]
+    augmented = _matching_dtype(augmented, u)
+    return torch.baddbmm(augmented[:1, :, n].unsqueeze(1), u,
+                         augmented[..., :n].transpose(1, 2), out=out)
 
 
 def mix_padded_windows(u: torch.Tensor, v: torch.Tensor,
@@ -133,34 +165,3 @@ def _token_order(mixed, run, per_group):
     groups = mixed.shape[0]
     return mixed.view(groups, run.n, run.windows, per_group).permute(
         2, 1, 0, 3)
-
-
-def _mix_with_autograd(u, v, runs, groups, mixing):
-    K = u.shape[1]
-    per_group = K // groups
-    parts = []
-    for run, u_r, v_r in _run_views(u, v, runs, groups):
-        cols = _mixing_input(u_r)
-        mixed = torch.bmm(_matching_dtype(mixing(run.key), cols),
-                          cols.view(groups, run.n + 1, -1))
-        gated = torch.mul(v_r, _token_order(mixed, run, per_group))
-        parts.append(gated.view(run.rows, K))
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def _mix_in_place(u, v, runs, groups, mixing, workspace):
-    K = u.shape[1]
-    per_group = K // groups
-    # one pair of buffers serves every run (each is done with them before
-    # the next starts), allocated once at the largest run's size
-    workspace.reserve('cols', max((r.n + 1) * r.windows for r in runs) * K, u)
-    workspace.reserve('mixed', max(r.rows for r in runs) * K, u)
-    for run, u_r, v_r in _run_views(u, v, runs, groups):
-        cols = _mixing_input(u_r, out=workspace.get(
-            'cols', (groups, run.n + 1, run.windows, per_group), u))
-        mixed = workspace.get('mixed', (groups, run.n, run.windows * per_group),
-                              u)
-        torch.bmm(_matching_dtype(mixing(run.key), cols),
-                  cols.view(groups, run.n + 1, -1), out=mixed)
-        v_r.mul_(_token_order(mixed, run, per_group))
-    return v

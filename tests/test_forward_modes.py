@@ -49,8 +49,10 @@ def test_train_mode_under_no_grad_applies_stochastic_depth():
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     torch.manual_seed(1)
     with_grad = model(x)
+    # the same up to rounding: under no_grad the stem's convs run
+    # channels-last, with grad NCHW (stem.py), and their last bits differ
     for a, b in zip(first, with_grad):
-        torch.testing.assert_close(a, b.detach(), rtol=0, atol=1e-6)
+        torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-6)
     model.eval()
     with torch.no_grad():
         evaluated = model(x)

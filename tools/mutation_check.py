@@ -137,6 +137,13 @@ MUTATIONS: List[Mutation] = [
         '    ones = u_r.new_zeros(()).expand(groups, 1, windows, per_group)\n',
         (NUMERICS,), forward=True),
     Mutation(
+        'per-query bias dropped from the channel-major mixing (the lean '
+        'training Function and inference)',
+        'posmlp_dense/token_mixing.py',
+        '    return torch.baddbmm(augmented[:1, :, n].unsqueeze(1), u,\n',
+        '    return torch.baddbmm(0 * augmented[:1, :, n].unsqueeze(1), u,\n',
+        (NUMERICS,), forward=True),
+    Mutation(
         'mixing weights detached from autograd (forward unchanged)',
         'posmlp_dense/token_mixing.py',
         '        mixed = torch.bmm(_matching_dtype(mixing(run.key), cols),\n',
@@ -170,8 +177,8 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         'lean backward: d(v) multiplies by v instead of the mixed values',
         'posmlp_dense/block_function.py',
-        '        torch.mul(dg_r, _token_order(m, run, per_group), out=v_r)\n',
-        '        torch.mul(dg_r, v_r, out=v_r)\n',
+        '        torch.mul(dg, m, out=v)\n',
+        '        torch.mul(dg, v, out=v)\n',
         (GRADIENTS, '-k', 'block_gradients')),
     Mutation(
         'lean backward: LayerNorm output recomputed without its bias',

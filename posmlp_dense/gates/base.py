@@ -14,7 +14,8 @@ from typing import Dict, Tuple
 import torch
 from torch import nn
 
-from ..token_mixing import mix_padded_windows, mix_tokens
+from ..token_mixing import (mix_channel_major, mix_padded_windows,
+                            mix_tokens)
 from ..windows import PaddedWindows, in_window_index
 
 Key = Tuple[int, int, int, int]
@@ -62,16 +63,30 @@ class GateUnit(nn.Module):
         Computed in the graph from the parameters, never cached."""
         raise NotImplementedError
 
-    def mix(self, u: torch.Tensor, v: torch.Tensor, windows,
-            workspace=None) -> torch.Tensor:
+    def mix(self, u: torch.Tensor, v: torch.Tensor, windows
+            ) -> torch.Tensor:
         """Gated mixing of u into v over ``windows``: padded windows (a
         captured graph) or a sequence of WindowRuns (exact windows)."""
         if isinstance(windows, PaddedWindows):
             weights, bias, normalize = self.full_window_mixing()
             return mix_padded_windows(u, v, windows, self.groups, weights,
                                       bias, normalize)
-        return mix_tokens(u, v, windows, self.groups, self.augmented_mixing,
-                          workspace)
+        return mix_tokens(u, v, windows, self.groups, self.augmented_mixing)
+
+    def forward_channel_major(self, hidden: torch.Tensor, run,
+                              workspace) -> torch.Tensor:
+        """INFERENCE mode, one WindowRun: ``hidden`` (2K, run.rows),
+        activated and stored channel-major (token_mixing.py) -> the gated
+        product (K, run.rows), written over ``hidden``'s second half."""
+        u, v = hidden.chunk(2, dim=0)
+        return mix_channel_major(self.channel_major_input(u), v, run,
+                                 self.groups, self.augmented_mixing,
+                                 workspace)
+
+    def channel_major_input(self, u: torch.Tensor) -> torch.Tensor:
+        """What the gate mixes, from channel-major u (as ``forward`` does
+        from token-major u)."""
+        return u
 
     def augmented_mixing(self, key: Key, fresh: bool = False
                          ) -> torch.Tensor:

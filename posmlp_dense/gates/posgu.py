@@ -7,13 +7,12 @@ the per-group matrices of a positional encoding (GQPE or LRPE, at
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import nn
 from timm.layers import trunc_normal_
 
-from ..workspace import Workspace
 from .base import GateUnit
 from .gqpe import GQPE
 from .lrpe import LRPE
@@ -85,15 +84,12 @@ class PoSGU(GateUnit):
             weights = weights + self.token_proj_n_weight
         return weights, self.pos.token_proj_n_bias.view(-1), normalize
 
-    def forward(self, hidden: torch.Tensor, windows,
-                workspace: Optional[Workspace] = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, windows) -> torch.Tensor:
         """``hidden`` (T, 2K), activated, -> (T, K). Both halves of
         ``hidden`` and the result have their channels group-major
-        (``to_group_major``) when the gate has several groups.
-        With a ``workspace`` the result overwrites ``hidden``'s second
-        half."""
+        (``to_group_major``) when the gate has several groups."""
         u, v = hidden.chunk(2, dim=-1)
-        return self.mix(u, v, windows, workspace)
+        return self.mix(u, v, windows)
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, pos_only={self.pos_only}'

@@ -8,12 +8,11 @@ ablations; state-dict names follow the published code (``norm_list.0``,
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import nn
 
-from ..workspace import Workspace
 from .base import GateUnit
 
 
@@ -44,11 +43,14 @@ class SGU(GateUnit):
         proj = self.proj_list[0]
         return proj.weight.unsqueeze(0), proj.bias, False
 
-    def forward(self, hidden: torch.Tensor, windows,
-                workspace: Optional[Workspace] = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, windows) -> torch.Tensor:
         """``hidden`` (T, 2K), activated, -> (T, K)."""
         u, v = hidden.chunk(2, dim=-1)
-        return self.mix(self.norm_list[0](u), v, windows, workspace)
+        return self.mix(self.norm_list[0](u), v, windows)
+
+    def channel_major_input(self, u: torch.Tensor) -> torch.Tensor:
+        # LayerNorm over the channels: each column of channel-major u
+        return self.norm_list[0](u.t()).t().contiguous()
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, window={self.window}'
