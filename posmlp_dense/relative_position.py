@@ -100,10 +100,14 @@ def infer_window(num_positions: int, table_len: Optional[int] = None,
 
     A square window needs only N. A rectangular one is solved from
     (2wh-1)(2ww-1) = table_len; the two orientations are told apart by
-    ``prefer`` (the model's own window), whose orientation wins.
+    ``prefer`` (the model's own window), whose orientation wins. Without a
+    table, N positions that ``prefer`` has too are taken to be ``prefer``
+    (a GQPE checkpoint of a rectangular window records only N).
     """
     side = math.isqrt(num_positions)
     if table_len is None:
+        if prefer is not None and prefer[0] * prefer[1] == num_positions:
+            return tuple(prefer)
         if side * side != num_positions:
             raise ValueError(f'cannot tell the window of a {num_positions}-'
                              f'position bias: it is not a square')

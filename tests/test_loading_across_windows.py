@@ -298,6 +298,19 @@ def test_model_loaded_after_use_computes_the_reference(gate, src, dst):
     assert not torch.allclose(before[0], ours[0])
 
 
+@pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
+def test_rectangular_window_state_dict_loads_into_its_own_window(gate):
+    """A state dict of a model with rectangular windows loads strictly into
+    a model with the same windows, unchanged (a GQPE bias records only the
+    number of positions, which a rectangle shares with no square)."""
+    arch = dict(ARCH, window_size=((5, 6), (4, 3), (3, 2), (2, 2)))
+    source = randomize_(PosMLP(arch, gate=gate), seed=5).state_dict()
+    model = PosMLP(arch, gate=gate)
+    model.load_state_dict(source)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, source[key]), key
+
+
 # --------------------------------------------- the converter, another path
 def test_converter_resizes_for_other_windows_as_documented(tmp_path):
     """tools/convert_checkpoint.py --window-size: the written tables and
