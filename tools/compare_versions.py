@@ -43,8 +43,9 @@ def parse_args(argv=None):
     p.add_argument('--base', required=True,
                    help='the commit (or any git revision) to compare with')
     p.add_argument('--mode', choices=('train', 'inference'), default='train',
-                   help='train: forward + backward of the sum of squared '
-                        'outputs, train mode; inference: eval, no_grad')
+                   help='train: forward + backward of a fixed random '
+                        'weighting of the outputs, train mode; inference: '
+                        'eval, no_grad')
     p.add_argument('--shape', default='2x3x512x512', help='BxCxHxW')
     p.add_argument('--arch', default='t',
                    help="a variant name or a JSON arch dict")
@@ -107,11 +108,18 @@ def make_step(model, x, mode):
                 return model(x), None
     else:
         model.train()
+        with torch.no_grad():
+            shapes = [o.shape for o in model(x)]
+        # a fixed random weighting of the outputs: the sum of squares of
+        # layer-normalized outputs would be constant at initialization
+        # (its gradient pure rounding residue, which no two versions share)
+        generator = torch.Generator().manual_seed(2)
+        weights = [torch.randn(shape, generator=generator) for shape in shapes]
 
         def step():
             inp = x.clone().requires_grad_()
             outs = model(inp)
-            sum((o.float() ** 2).sum() for o in outs).backward()
+            sum((o * w).sum() for o, w in zip(outs, weights)).backward()
             model.zero_grad(set_to_none=True)
             return outs, inp.grad
     return step
