@@ -43,7 +43,7 @@ from typing import Optional, Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
-from .token_mixing import _matching_dtype, mix_rows
+from .token_mixing import _matching_dtype, group_rows, mix_rows
 from .gates.posgu import from_group_major, to_group_major
 from .windows import WindowRun
 from .workspace import TrainingScratch, Workspace
@@ -337,13 +337,8 @@ def _gate_halves(a, layout):
     _run_blocks) as (groups, V * windows, n) matrices."""
     for run, a_r in zip(layout.runs, _run_blocks(a, layout.runs)):
         u, v = a_r.chunk(2)
-        yield (_group_rows(u, layout.groups, run),
-               _group_rows(v, layout.groups, run))
-
-
-def _group_rows(block, groups, run):
-    """A run's (K, rows) channel-major block -> (groups, V * windows, n)."""
-    return block.view(groups, -1, run.n)
+        yield (group_rows(u, layout.groups, run),
+               group_rows(v, layout.groups, run))
 
 
 def _mix(a, layout, matrices):
@@ -371,7 +366,7 @@ def _mix_backward(a, d_gated, layout, matrices, mixed, needs_matrices,
             _gate_halves(a, layout), _run_blocks(d_gated, layout.runs),
             mixed, layout.runs, layout.matrix_of_run):
         n = run.n
-        dg = _group_rows(dg, layout.groups, run)
+        dg = group_rows(dg, layout.groups, run)
         d_m = torch.mul(dg, v, out=buffers.get('d_mixed', m.shape, m))
         # v is consumed: d(v) goes where it was
         torch.mul(dg, m, out=v)

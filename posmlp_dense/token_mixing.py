@@ -65,11 +65,17 @@ def mix_channel_major(u: torch.Tensor, v: torch.Tensor, run: WindowRun,
                       workspace: Workspace) -> torch.Tensor:
     """INFERENCE mode, one run: the gated product of channel-major halves
     u, v (K, run.rows), written over ``v`` and returned."""
-    mixed = workspace.get('mixed', (groups, u.numel() // groups // run.n,
-                                    run.n), u)
-    v = v.view(mixed.shape)
-    v.mul_(mix_rows(u.view(mixed.shape), mixing(run.key), out=mixed))
-    return v.view(u.shape)
+    u_rows, v_rows = group_rows(u, groups, run), group_rows(v, groups, run)
+    mixed = workspace.get('mixed', u_rows.shape, u)
+    v_rows.mul_(mix_rows(u_rows, mixing(run.key), out=mixed))
+    return v
+
+
+def group_rows(block: torch.Tensor, groups: int, run: WindowRun
+               ) -> torch.Tensor:
+    """A run's channel-major (K, run.rows) block -> (groups, V * windows,
+    n): each row one channel of one window."""
+    return block.view(groups, -1, run.n)
 
 
 def mix_rows(u: torch.Tensor, augmented: torch.Tensor,
