@@ -167,6 +167,14 @@ sys.exit(not m or (int(m[1]), int(m[2])) < tuple(map(int, '$MIN_TORCH'.split('.'
 else
     say "no torch in this environment: installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION with the other packages"
     TORCH_REQS=("torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION")
+    # PyPI's x86_64 torch is a CUDA build: with its NVIDIA libraries and
+    # triton the environment takes about 6.2 GB. Say so before pip runs out
+    # of space halfway through an install.
+    NEED_KB=$((7 * 1024 * 1024))
+    FREE_KB="$(df -Pk "$VENV_ABS" | awk 'NR == 2 {print $4}')"
+    if [ -n "$FREE_KB" ] && [ "$FREE_KB" -lt "$NEED_KB" ]; then
+        die "only $((FREE_KB / 1024)) MB free on the disk of $VENV_ABS; installing torch $TORCH_VERSION (a CUDA build, with its NVIDIA libraries) and the other packages needs about 7 GB. Free some space, or point VENV at a disk with room."
+    fi
 fi
 
 # ---------------------------------------------------------------------------
