@@ -214,6 +214,13 @@ MUTATIONS: List[Mutation] = [
         'ctx.plan.window).reverse(grad, ctx.batch), None, None, None\n',
         (GRADIENTS, '-k', 'partition')),
     Mutation(
+        "stem's inference strips: each strip reads the stride-2 rows one "
+        "too low (its top row missed)",
+        'posmlp_dense/stem.py',
+        '            first = max(0, 2 * r0 - 1)\n',
+        '            first = max(0, 2 * r0)\n',
+        ('tests/test_any_size.py', '-k', 'stem_inference')),
+    Mutation(
         "benchmark's stem clock: the stem's backward not counted",
         'posmlp_dense/bench/training.py',
         "                                  + end - m['backward_start'])\n",
