@@ -11,8 +11,10 @@ import torch
 from torch import nn
 
 from posmlp_dense import PosMLP
-from posmlp_dense.bench.measure import (PeakMemory, SavedActivations,
-                                       fit_exponent, make_step)
+from posmlp_dense.bench.measure import (Job, PeakMemory, SavedActivations,
+                                       fit_exponent, make_step,
+                                       minor_page_faults, run_jobs,
+                                       timed_call)
 from posmlp_dense.bench.models import build_models
 from posmlp_dense.bench.published_port import PublishedPort
 from posmlp_dense.bench.training import (StemClock, TrainingCase,
@@ -117,6 +119,7 @@ def test_benchmark_main_tiny(bench, tmp_path, one_thread):
                     'gflops_per_s', 'fraction_of_matmul'):
             assert r[key] > 0, (r['model'], key)
         assert r['peak_mem_mb'] is not None and r['peak_mem_mb'] >= 0
+        assert r['page_faults'] is None or r['page_faults'] >= 0
 
     # the published port reproduces PosMLP at a size the windows tile
     assert data['port_check']['ok'], data['port_check']
@@ -187,6 +190,36 @@ def test_peak_memory_sees_an_allocation():
     assert mem.peak >= 48 * 2 ** 20, (mem.method, mem.peak)
 
 
+def test_timed_calls_run_outside_the_memory_measurement(monkeypatch):
+    """PeakMemory has glibc return freed memory to the OS first, so a call
+    timed inside it pays for faulting its working set in again: the timed
+    rounds must run without it, and the peak comes from one extra call."""
+    trims = []
+    monkeypatch.setattr(PeakMemory, 'trim', classmethod(
+        lambda cls: trims.append(1)))
+    calls = []
+
+    def step():
+        calls.append(1)
+        torch.ones(4 * 2 ** 20 // 4)  # 4 MiB, touched
+
+    runs = run_jobs([Job(('a',), 'a', step)], repeats=3, warmup=1,
+                    device=torch.device('cpu'), mem_interval=0.001,
+                    label=str, start=time.perf_counter())
+    entry = runs[('a',)]
+    assert len(calls) == 1 + 3 + 1
+    assert len(entry['times']) == 3 and len(entry['peaks']) == 1
+    if minor_page_faults() is None:
+        pytest.skip('no page-fault count on this system')
+    assert all(isinstance(f, int) and f >= 0 for f in entry['faults'])
+    if entry['peaks'][0] is not None:  # /proc present: measured once
+        assert len(trims) == 1
+    # a fresh 64 MiB block is faulted in page by page
+    _, faults = timed_call(lambda: torch.ones(16 * 2 ** 20),
+                           torch.device('cpu'))
+    assert faults >= 8 * 2 ** 20 // 4096
+
+
 # ------------------------------------------------------------ training part
 TRAIN_SHAPE = (1, 64, 64)
 DETECTOR_SHAPE = (1, 64, 96)
@@ -215,6 +248,7 @@ def test_benchmark_training_rows_tiny(bench, tmp_path, one_thread):
     for key, r in rows.items():
         assert r['kind'] == 'backbone' and r['shape'] == list(TRAIN_SHAPE)
         assert len(r['times']) == 1 and r['median_s'] > 0, key
+        assert r['page_faults'] is None or r['page_faults'] >= 0, key
         assert r['memory'] == 'inprocess' and r['peak_mb'] is not None
         assert r['peak_first_step_mb'] is None  # only a fresh process has it
         assert r['saved_activation_mb_per_image'] > 0, key

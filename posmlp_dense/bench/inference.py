@@ -78,7 +78,8 @@ def run_settings(models: Dict[str, nn.Module],
                     results.append(r)
                     log(f'{what}  {n:<15s} median {r["median_s"] * 1e3:9.1f}'
                         f' ms  {r["images_per_s"]:7.2f} img/s  peak '
-                        f'{fmt(r["peak_mem_mb"], ".0f")} MB', start)
+                        f'{fmt(r["peak_mem_mb"], ".0f")} MB  '
+                        f'{fmt(r["page_faults"], "d")} page faults', start)
                 del x
     return results, calibs
 
@@ -97,7 +98,8 @@ def run_scaling(models: Dict[str, nn.Module], names: Sequence[str],
     jobs = [((s, n), n, inputs[s]) for s in sizes for n in names]
     runs = run_interleaved(
         models, jobs, 'fwd', repeats, warmup, device, mem_interval,
-        lambda key: f'scaling {size_name(key[0]):>9s} b1', start)
+        lambda key: f'scaling {size_name(key[0]):>9s} b1', start,
+        measure_peak=False)
     out = {}
     pixels = [h * w for h, w in sizes]
     for n in names:

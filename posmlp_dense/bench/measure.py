@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import subprocess
 import threading
 import time
@@ -249,18 +250,41 @@ def set_mode(model: nn.Module, mode: str):
     model.zero_grad(set_to_none=True)
 
 
-def timed_call(step: Callable[[], object], device: torch.device,
-               mem_interval: float) -> Tuple[float, Optional[int]]:
-    """(seconds, peak bytes) of one call of ``step()``."""
+def minor_page_faults() -> Optional[int]:
+    """The process's minor page faults so far (None where the OS does not
+    count them). On a CPU every fresh page an allocation touches is one:
+    glibc's malloc maps large blocks (32 MB and up, and smaller ones until
+    it has freed one that size) straight from the OS and returns them on
+    free, so a model whose temporaries are large pays for faulting them in
+    at every call, and how much depends on what the process did before."""
+    if sys.platform == 'win32':
+        return None
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def timed_call(step: Callable[[], object], device: torch.device
+               ) -> Tuple[float, Optional[int]]:
+    """(seconds, minor page faults) of one call of ``step()``."""
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+    faults = minor_page_faults()
+    t0 = time.perf_counter()
+    step()
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - t0
+    if faults is not None:
+        faults = minor_page_faults() - faults
+    return elapsed, faults
+
+
+def peak_of_call(step: Callable[[], object], device: torch.device,
+                 mem_interval: float) -> Optional[int]:
+    """Peak memory growth (bytes) of one call of ``step()``: PeakMemory."""
     with PeakMemory(device, mem_interval) as mem:
-        if device.type == 'cuda':
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
         step()
-        if device.type == 'cuda':
-            torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - t0
-    return elapsed, mem.peak
+    return mem.peak
 
 
 def count_macs(model: nn.Module, size: Tuple[int, int], mode: str,
@@ -363,30 +387,42 @@ class Job:
 
 def run_jobs(jobs: Sequence[Job], repeats: int, warmup: int,
              device: torch.device, mem_interval: float,
-             label: Callable[[tuple], str], start: float
-             ) -> Dict[tuple, dict]:
+             label: Callable[[tuple], str], start: float,
+             measure_peak: bool = True) -> Dict[tuple, dict]:
     """Time ``jobs`` in interleaved rounds.
 
     First ``warmup`` untimed rounds, then ``repeats`` timed rounds; every
     round runs every job once, and the order of the jobs rotates from round
     to round, so that a drift of the machine's speed is shared by all.
+
+    With ``measure_peak``, one more call per job measures its peak memory
+    (``peaks``). It is kept out of the timed calls: on a CPU, PeakMemory
+    first has glibc return all freed memory to the OS, and a timed call
+    after that pays for faulting its whole working set in again, which the
+    steady state of a training or inference loop does not.
     """
-    runs = {job.key: dict(times=[], peaks=[], warmup_times=[],
-                          warmup_peaks=[]) for job in jobs}
+    runs = {job.key: dict(times=[], faults=[], peaks=[], warmup_times=[],
+                          warmup_faults=[]) for job in jobs}
     jobs = list(jobs)
     for r in range(warmup + repeats):
         timed = r >= warmup
         k = (r - warmup) % len(jobs) if timed else 0
         for job in jobs[k:] + jobs[:k]:
-            t, peak = timed_call(job.step, device, mem_interval)
+            t, faults = timed_call(job.step, device)
             job.reset()
             entry = runs[job.key]
-            entry['times' if timed else 'warmup_times'].append(t)
-            entry['peaks' if timed else 'warmup_peaks'].append(peak)
+            prefix = '' if timed else 'warmup_'
+            entry[prefix + 'times'].append(t)
+            entry[prefix + 'faults'].append(faults)
             which = (f'round {r - warmup + 1}/{repeats}' if timed
                      else f'warm-up {r + 1}/{warmup}')
             log(f'{label(job.key)}  {which}  {job.name:<15s} '
-                f'{t * 1e3:9.1f} ms', start)
+                f'{t * 1e3:9.1f} ms  {fmt(faults, "d")} page faults', start)
+    if measure_peak:
+        for job in jobs:
+            runs[job.key]['peaks'].append(
+                peak_of_call(job.step, device, mem_interval))
+            job.reset()
     return runs
 
 
@@ -403,8 +439,8 @@ def run_interleaved(models: Dict[str, nn.Module],
                     jobs: Sequence[Tuple[tuple, str, torch.Tensor]],
                     mode: str, repeats: int, warmup: int,
                     device: torch.device, mem_interval: float,
-                    label: Callable[[tuple], str], start: float
-                    ) -> Dict[tuple, dict]:
+                    label: Callable[[tuple], str], start: float,
+                    measure_peak: bool = True) -> Dict[tuple, dict]:
     """``run_jobs`` for jobs = [(key, model name, input)], all in ``mode``;
     the models are back in eval mode afterwards."""
     names = list(dict.fromkeys(name for _, name, _ in jobs))
@@ -414,7 +450,8 @@ def run_interleaved(models: Dict[str, nn.Module],
         return run_jobs(
             [model_job(key, name, models[name], x, mode)
              for key, name, x in jobs],
-            repeats, warmup, device, mem_interval, label, start)
+            repeats, warmup, device, mem_interval, label, start,
+            measure_peak)
     finally:
         for name in names:
             set_mode(models[name], 'fwd')
@@ -429,12 +466,19 @@ def summarize(runs: dict, batch: int, macs: Optional[int]) -> dict:
     out = dict(runs)
     out.update(median_s=med, min_s=min(times), max_s=max(times),
                images_per_s=batch / med,
-               peak_mem_mb=(max(peaks) / 2 ** 20) if peaks else None)
+               peak_mem_mb=(max(peaks) / 2 ** 20) if peaks else None,
+               page_faults=median_faults(runs.get('faults', [])))
     if macs is not None:
         flops = 2 * macs * batch
         out.update(gmacs_per_image=macs / 1e9,
                    gflops_per_s=flops / med / 1e9)
     return out
+
+
+def median_faults(faults: Sequence[Optional[int]]) -> Optional[int]:
+    """The median of the counted page faults per call (None if uncounted)."""
+    counted = [f for f in faults if f is not None]
+    return int(statistics.median(counted)) if counted else None
 
 
 def fit_exponent(pixels: Sequence[float], seconds: Sequence[float]) -> dict:

@@ -163,6 +163,15 @@ MEMORY_MODE_TEXT = {
 }
 
 
+PAGE_FAULTS_TEXT = (
+    "- Page faults: the process's minor page faults during a timed call "
+    "(median). On a CPU each is a fresh page of memory touched for the first "
+    "time; glibc's malloc takes large blocks straight from the OS and gives "
+    "them back on free, so they recur at every call, and cost time. How "
+    "many a model gets depends on what the process did before (the models "
+    "of a row share one process).")
+
+
 def training_markdown(report: dict) -> List[str]:
     """The training section: a row per case, then PosMLP-T/Swin-T."""
     rows = report.get('training') or []
@@ -193,18 +202,21 @@ def training_markdown(report: dict) -> List[str]:
         "- stem: the part of a backbone step spent in the stem (the layers "
         "before the first level: PosMLP's conv stem, Swin's patch "
         "embedding, ResNet's conv1 and max pool), forward and backward, "
-        "timed by hooks within the same steps (median).", '',
+        "timed by hooks within the same steps (median).",
+        PAGE_FAULTS_TEXT, '',
         '| kind | model | input (BxHxW) | median step (s) | min (s) | '
-        'stem (s) | images/s | peak growth, first (MB) | peak growth, '
-        'repeated (MB) | saved activations (MB/image) | params (M) |',
+        'stem (s) | images/s | page faults | peak growth, first (MB) | '
+        'peak growth, repeated (MB) | saved activations (MB/image) | '
+        'params (M) |',
         '| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: '
-        '| ---: |']
+        '| ---: | ---: |']
     for r in rows:
         lines.append(
             f"| {r['kind']} | {r['label']} | {'x'.join(map(str, r['shape']))}"
             f" | {r['median_s']:.3f} | {r['min_s']:.3f} | "
             f"{fmt(r.get('stem_median_s'), '.3f')} | "
             f"{r['images_per_s']:.2f} | "
+            f"{fmt(r.get('page_faults'), 'd')} | "
             f"{fmt(r.get('peak_first_step_mb'), '.0f')} | "
             f"{fmt(r.get('peak_mb'), '.0f')} | "
             f"{fmt(r.get('saved_activation_mb_per_image'), '.1f')} | "
@@ -264,12 +276,14 @@ def markdown(report: dict) -> str:
             "- GMACs per image: `torch.utils.flop_counter` FLOPs / 2 at "
             "batch 1 (convolutions, linear layers and every matmul, the "
             "token mixing included).",
-            f"- Peak memory: {report['memory_method']}.", '',
+            f"- Peak memory: {report['memory_method']}; measured in one "
+            "more call per row, after the timed ones.",
+            PAGE_FAULTS_TEXT, '',
             '| model | input | batch | mode | median (ms) | min (ms) | '
-            'images/s | peak mem (MB) | params (M) | GMACs/img | GFLOP/s | '
-            '% of matmul |',
+            'images/s | peak mem (MB) | page faults | params (M) | '
+            'GMACs/img | GFLOP/s | % of matmul |',
             '| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | '
-            '---: | ---: | ---: |']
+            '---: | ---: | ---: | ---: |']
     for r in report['results']:
         share = r.get('fraction_of_matmul')
         share = None if share is None else 100 * share
@@ -278,6 +292,7 @@ def markdown(report: dict) -> str:
             f" | {r['batch']} | {r['mode']} | {r['median_s'] * 1e3:.1f} | "
             f"{r['min_s'] * 1e3:.1f} | {r['images_per_s']:.2f} | "
             f"{fmt(r['peak_mem_mb'], '.0f')} | "
+            f"{fmt(r.get('page_faults'), 'd')} | "
             f"{r['params'] / 1e6:.1f} | "
             f"{fmt(r.get('gmacs_per_image'), '.2f')} | "
             f"{fmt(r.get('gflops_per_s'), '.1f')} | {fmt(share, '.0f')} |")

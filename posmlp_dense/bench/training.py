@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from .measure import (SOURCE_ROOT, Job, PeakMemory, SavedActivations, fmt,
-                      log, make_input, model_job, run_jobs, set_mode)
+                      log, make_input, median_faults, model_job,
+                      run_jobs, set_mode)
 from .models import LABELS, build_models, count_params, mmdet_models
 
 KINDS = ('backbone', 'detector')
@@ -307,7 +308,7 @@ def run_training(cases: Sequence[TrainingCase], repeats: int, warmup: int,
         runs = run_jobs([job for job, _ in built.values()], repeats, warmup,
                         device, mem_interval,
                         lambda key: f'train {key[0]:<8s} {shape_name(key[3])}',
-                        start)
+                        start, measure_peak=False)
         for case, (job, model) in built.items():
             times = runs[job.key]['times']
             med = statistics.median(times)
@@ -315,6 +316,7 @@ def run_training(cases: Sequence[TrainingCase], repeats: int, warmup: int,
                        warmup_times=runs[job.key]['warmup_times'],
                        median_s=med, min_s=min(times), max_s=max(times),
                        images_per_s=shape[0] / med,
+                       page_faults=median_faults(runs[job.key]['faults']),
                        params=count_params(model), memory=memory)
             if kind == 'detector':
                 row['backbone_params'] = count_params(model.backbone)
