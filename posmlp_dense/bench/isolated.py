@@ -14,13 +14,15 @@ import statistics
 import time
 from typing import Sequence
 
+import torch
+
+from .measure import median_faults, minor_page_faults
+from .models import build_models
+
 
 def worker(name: str, mode: str, shape, seed: int, conn):
     """Build ``name`` in this process, then run one step per 'go' and
     answer (seconds, minor page faults) until 'stop'."""
-    import torch
-    from posmlp_dense.bench.measure import minor_page_faults
-    from posmlp_dense.bench.models import build_models
     try:
         model = build_models([name], seed=seed)[name]
         model.train(mode == 'train')
@@ -103,11 +105,10 @@ def compare_in_processes(models: Sequence[str], mode: str, shape,
                models={})
     for name, results in steps.items():
         times = [t for t, _ in results]
-        faults = [f for _, f in results if f is not None]
         out['models'][name] = dict(
             times=times, median_s=statistics.median(times),
             min_s=min(times),
-            page_faults=int(statistics.median(faults)) if faults else None)
+            page_faults=median_faults([f for _, f in results]))
     first, *others = models
     a = out['models'][first]
     out['ratios'] = {}

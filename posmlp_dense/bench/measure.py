@@ -15,8 +15,8 @@ import math
 import os
 import platform
 import statistics
-import sys
 import subprocess
+import sys
 import threading
 import time
 import warnings
