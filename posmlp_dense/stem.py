@@ -47,7 +47,10 @@ class ConvStem(nn.Module):
         if not (isinstance(x, torch.Tensor) and x.device.type == 'cpu'
                 and torch.is_grad_enabled() and self.training):
             x = x.contiguous(memory_format=torch.channels_last)
-        if in_place and not self.training:
+        if in_place and not self.training and all(
+                not n.training and n.running_mean is not None
+                for n in self.norms):
+            # (BatchNorms that use batch statistics need the whole map)
             x = self._forward_in_place(x)
         else:
             x = self.act(self.norms[0](self.projs[0](x)))
@@ -109,16 +112,13 @@ class ConvStem(nn.Module):
         return self._norm_act(i, y)
 
     def _norm_act(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        """BatchNorm ``i`` written over ``x`` (elementwise in eval mode),
-        then the GELU after the first two."""
+        """BatchNorm ``i`` with its running statistics (elementwise, so
+        written over ``x``), then the GELU after the first two."""
         norm = self.norms[i]
-        if norm.training or norm.running_mean is None:
-            x = norm(x)
-        else:
-            torch.ops.aten.native_batch_norm.out(
-                x, norm.weight, norm.bias, norm.running_mean,
-                norm.running_var, False, 0.0, norm.eps, out=x,
-                save_mean=x.new_empty(0), save_invstd=x.new_empty(0))
+        torch.ops.aten.native_batch_norm.out(
+            x, norm.weight, norm.bias, norm.running_mean, norm.running_var,
+            False, 0.0, norm.eps, out=x, save_mean=x.new_empty(0),
+            save_invstd=x.new_empty(0))
         if i == 2:
             return x
         if isinstance(self.act, nn.GELU) and self.act.approximate == 'none':

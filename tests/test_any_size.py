@@ -289,6 +289,23 @@ def test_stem_inference_path_is_exact(monkeypatch, strip_bytes, shape):
     torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
 
 
+def test_stem_without_running_statistics_normalizes_the_whole_map(
+        monkeypatch):
+    """A BatchNorm without running statistics normalizes with the batch's:
+    per strip they would differ, so such a stem makes the map whole."""
+    import posmlp_dense.stem as stem_module
+    monkeypatch.setattr(stem_module, 'STEM_STRIP_BYTES', 1)
+    torch.manual_seed(0)
+    stem = _model('gqpe').patch_embed
+    stem.norms[1] = torch.nn.BatchNorm2d(
+        stem.norms[1].num_features, eps=1e-6, track_running_stats=False)
+    x = torch.randn(1, 3, 40, 24)
+    with torch.no_grad():
+        fast = stem(x, in_place=True)
+        plain = stem(x)
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize('max_rows', [None, 1, 7, 300])
 def test_runs_cover_the_token_buffer_in_order(max_rows):
     for (h, w), shift in [((17, 29), (0, 0)), ((40, 33), (0, 0)),
