@@ -22,7 +22,7 @@ Scaling part: how forward latency grows with the input size (square inputs,
 batch 1), fitted as latency ~ pixels ** exponent.
 
 Training part (``posmlp_dense.bench.training``): backbone training steps
-(train mode, fp32: forward, the sum of the squared outputs, backward) and
+(train mode, fp32: forward, the sum of half the output channels, backward) and
 whole RetinaNet training iterations, each with and without gradient
 checkpointing (``with_cp``): step time, peak memory growth (on a CPU in a
 fresh process per row) and the activation bytes autograd saves per image.

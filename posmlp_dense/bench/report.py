@@ -185,8 +185,9 @@ def training_markdown(report: dict) -> List[str]:
         how += f'; {MEMORY_METHODS[method]}'
     lines = [
         '', '### Training cost', '',
-        "- backbone: one step = train mode, forward, the sum of the squared "
-        "outputs of every level, backward (fp32). detector: one "
+        "- backbone: one step = train mode, forward, the sum of the first "
+        "half of every level's output channels as the loss, backward "
+        "(fp32). detector: one "
         "`model.train_step` of RetinaNet (mmdet's Swin-T config; PosMLP-T "
         "replaces only its backbone: same FPN neck and RetinaNet head) on "
         "random images with random boxes: preprocessing, forward, focal and "
@@ -272,7 +273,8 @@ def markdown(report: dict) -> str:
             f"round by round on the same input, after {cfg['warmup']} "
             f"warm-up run(s); random initialization.",
             "- fwd: eval mode without autograd; fwdbwd: train mode, forward, "
-            "the sum of the squared outputs of every level, backward.",
+            "the sum of the first half of every level's output channels, "
+            "backward.",
             "- GMACs per image: `torch.utils.flop_counter` FLOPs / 2 at "
             "batch 1 (convolutions, linear layers and every matmul, the "
             "token mixing included).",

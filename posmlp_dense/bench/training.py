@@ -2,7 +2,8 @@
 their peak memory and the activations autograd keeps for the backward.
 
 A *backbone step* is the backbone alone in train mode: forward, the sum of
-the squared outputs of every returned level as the loss, backward. A
+the first half of every returned level's output channels as the loss,
+backward (``measure.make_step``). A
 *detector iteration* is mmengine's ``model.train_step`` of a RetinaNet on
 one synthetic batch: data preprocessing, forward, the real RetinaNet
 losses (focal and L1), backward and an AdamW update. RetinaNet-Swin-T is
