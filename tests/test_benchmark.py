@@ -22,6 +22,7 @@ from posmlp_dense.bench.training import (StemClock, TrainingCase,
                                          build_detector, footprint,
                                          footprint_in_fresh_process,
                                          stem_modules, stem_split,
+                                         step_flops,
                                          training_job)
 
 from conftest import load_tool, randomize_
@@ -284,6 +285,10 @@ def test_benchmark_training_rows_tiny(bench, tmp_path, one_thread):
         assert 0 < r['stem_median_s'] < r['median_s'], key
         assert r['without_stem_median_s'] == pytest.approx(
             r['median_s'] - r['stem_median_s']), key
+        # FLOPs per image (step_flops has its own test), and their rate
+        assert r['gflop_per_image'] > 0, key
+        assert r['achieved_gflops'] == pytest.approx(
+            r['gflop_per_image'] * TRAIN_SHAPE[0] / r['median_s']), key
     for model in ('posmlp_t', 'swin_t'):
         # checkpointing keeps fewer activations for the backward
         assert (rows[model, True]['saved_activation_mb_per_image']
@@ -302,6 +307,9 @@ def test_benchmark_training_rows_tiny(bench, tmp_path, one_thread):
             mine['without_stem_median_s']
             / rows['swin_t', e['with_cp']]['without_stem_median_s'])
         assert e['stem_s'] == mine['stem_median_s']
+        assert e['flop_ratio'] == pytest.approx(
+            mine['gflop_per_image']
+            / rows['swin_t', e['with_cp']]['gflop_per_image'])
         # one timed round: the paired ratio is that round's ratio
         assert e['time_ratio_paired'] == pytest.approx(e['time_ratio'])
     md = (tmp_path / 'train.md').read_text()
@@ -374,6 +382,29 @@ class _PausingBackbone(nn.Module):
 
     def forward(self, x):
         return (self.level(self.patch_embed(x)),)
+
+
+@pytest.mark.parametrize('model_name', ['posmlp_t', 'swin_t'])
+def test_step_flops_counts_a_real_training_step(model_name):
+    """The count (on fake tensors, at batch 1) equals FlopCounterMode's
+    count of a real training step of the same model at batch 1, and the
+    model is left in train mode for the steps measured after it."""
+    from torch.utils.flop_counter import FlopCounterMode
+    models = build_models([model_name], posmlp_arch=ARCH)
+    model = models[model_name]
+    model.train()
+    x = torch.randn(1, 3, 48, 64)
+    step = make_step(model, 'fwdbwd')
+    step(x)
+    with FlopCounterMode(display=False) as counter:
+        step(x)
+    counted = step_flops(model, (2, 48, 64), 0.5, torch.device('cpu'))
+    assert counted['gflop_per_image'] == pytest.approx(
+        counter.get_total_flops() / 1e9, rel=1e-9)
+    assert counted['gflop_counted'] == 'fake'
+    assert counted['achieved_gflops'] == pytest.approx(
+        counted['gflop_per_image'] * 2 / 0.5)
+    assert all(m.training for m in model.modules())
 
 
 def test_stem_clock_splits_a_step_between_stem_and_levels():

@@ -70,6 +70,8 @@ def training_targets(rows) -> list:
             entry['time_ratio_without_stem'] = _ratio(
                 r.get('without_stem_median_s'),
                 swin.get('without_stem_median_s'))
+            entry['flop_ratio'] = _ratio(r.get('gflop_per_image'),
+                                         swin.get('gflop_per_image'))
             entry['target'] = ('step time, peak memory and saved '
                                'activations each <= 1.00x Swin-T')
             entry['met'] = all(v is None or v <= 1.0 for v in (
@@ -204,19 +206,27 @@ def training_markdown(report: dict) -> List[str]:
         "before the first level: PosMLP's conv stem, Swin's patch "
         "embedding, ResNet's conv1 and max pool), forward and backward, "
         "timed by hooks within the same steps (median).",
+        "- GFLOP/image: the FLOPs of a backbone step per image as torch's "
+        "`FlopCounterMode` counts them (matmuls and convolutions, forward "
+        "and backward; elementwise work is not counted); GFLOP/s: those "
+        "FLOPs over the median step. Against the matmul calibration above, "
+        "the rate shows how much of a step goes to other work: models with "
+        "equal FLOPs differ in time only there.",
         PAGE_FAULTS_TEXT, '',
         '| kind | model | input (BxHxW) | median step (s) | min (s) | '
-        'stem (s) | images/s | page faults | peak growth, first (MB) | '
-        'peak growth, repeated (MB) | saved activations (MB/image) | '
-        'params (M) |',
+        'stem (s) | images/s | GFLOP/image | GFLOP/s | page faults | '
+        'peak growth, first (MB) | peak growth, repeated (MB) | '
+        'saved activations (MB/image) | params (M) |',
         '| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: '
-        '| ---: | ---: |']
+        '| ---: | ---: | ---: | ---: |']
     for r in rows:
         lines.append(
             f"| {r['kind']} | {r['label']} | {'x'.join(map(str, r['shape']))}"
             f" | {r['median_s']:.3f} | {r['min_s']:.3f} | "
             f"{fmt(r.get('stem_median_s'), '.3f')} | "
             f"{r['images_per_s']:.2f} | "
+            f"{fmt(r.get('gflop_per_image'), '.1f')} | "
+            f"{fmt(r.get('achieved_gflops'), '.1f')} | "
             f"{fmt(r.get('page_faults'), 'd')} | "
             f"{fmt(r.get('peak_first_step_mb'), '.0f')} | "
             f"{fmt(r.get('peak_mb'), '.0f')} | "
@@ -229,10 +239,11 @@ def training_markdown(report: dict) -> List[str]:
                   'from the fastest steps; paired: the median of the '
                   "two models' ratios round by round):", '',
                   '| kind | input (BxHxW) | with_cp | step time | step '
-                  'time, paired | step time without the stem | peak, first '
-                  '| peak, repeated | saved activations | target |',
+                  'time, paired | step time without the stem | FLOPs | '
+                  'peak, first | peak, repeated | saved activations | '
+                  'target |',
                   '| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | '
-                  '---: | --- |']
+                  '---: | ---: | --- |']
         for e in entries:
             lines.append(
                 f"| {e['kind']} | {'x'.join(map(str, e['shape']))} | "
@@ -240,6 +251,7 @@ def training_markdown(report: dict) -> List[str]:
                 f"{e['time_ratio']:.2f} ({e['time_ratio_min']:.2f}) | "
                 f"{fmt(e.get('time_ratio_paired'), '.2f')} | "
                 f"{fmt(e.get('time_ratio_without_stem'), '.2f')} | "
+                f"{fmt(e.get('flop_ratio'), '.2f')} | "
                 f"{fmt(e['peak_first_step_ratio'], '.2f')} | "
                 f"{fmt(e['peak_ratio'], '.2f')} | "
                 f"{fmt(e['saved_ratio'], '.2f')} | {verdict(e)} |")

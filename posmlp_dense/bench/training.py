@@ -33,9 +33,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .measure import (SOURCE_ROOT, Job, PeakMemory, SavedActivations, fmt,
-                      log, make_input, median_faults, model_job,
-                      run_jobs, set_mode)
+from .measure import (SOURCE_ROOT, Job, PeakMemory, SavedActivations,
+                      count_macs, fmt, log, make_input, median_faults,
+                      model_job, run_jobs, set_mode)
 from .models import LABELS, build_models, count_params, mmdet_models
 
 KINDS = ('backbone', 'detector')
@@ -326,9 +326,12 @@ def run_training(cases: Sequence[TrainingCase], repeats: int, warmup: int,
                 # footprint's steps come after)
                 row.update(stem_split(model.stem_clock.times[-repeats:],
                                       times))
+                row.update(step_flops(model, shape, med, device))
                 log(f'train backbone {shape_name(shape)}  {case.label}: '
                     f'stem {fmt(row["stem_median_s"], ".3f")} s of a '
-                    f'{med:.3f} s step (medians)', start)
+                    f'{med:.3f} s step (medians); '
+                    f'{row["gflop_per_image"]:.1f} GFLOP per image, '
+                    f'{row["achieved_gflops"]:.1f} GFLOP/s', start)
             if memory == 'inprocess':
                 row.update(footprint(job, model, device, shape[0]))
                 row['peak_first_step_mb'] = None  # not the process's first
@@ -344,6 +347,21 @@ def run_training(cases: Sequence[TrainingCase], repeats: int, warmup: int,
                                                       posmlp_arch))
                 log_footprint(row, start)
     return rows
+
+
+def step_flops(model: nn.Module, shape: Sequence[int], median_s: float,
+               device: torch.device) -> dict:
+    """FLOPs of one backbone training step per image (forward and backward,
+    as torch's FlopCounterMode counts them: matmuls and convolutions, no
+    elementwise work), and the rate the timed steps achieved. Next to the
+    matmul calibration this says how much of a step is other work: two
+    models with the same FLOPs can differ in time only there."""
+    batch, h, w = shape
+    macs, _, how = count_macs(model, (h, w), 'fwdbwd', device)
+    set_mode(model, 'fwdbwd')  # (count_macs leaves the model in eval mode)
+    gflop = 2 * macs / 1e9
+    return dict(gflop_per_image=gflop, gflop_counted=how,
+                achieved_gflops=gflop * batch / median_s)
 
 
 def stem_split(stem_times: Sequence[Optional[float]],
