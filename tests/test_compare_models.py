@@ -45,6 +45,7 @@ def test_a_model_that_fails_in_its_process_is_named(tmp_path):
 def test_bad_arguments_are_refused():
     tool = load_tool('compare_models')
     for argv in (['--models', 'posmlp_t'], ['--models', 'posmlp_t,nope'],
-                 ['--shape', '2x512x512'], ['--rounds', '0']):
+                 ['--shape', '2x512x512'], ['--shape', '2x3x0x64'],
+                 ['--rounds', '0']):
         with pytest.raises(SystemExit):
             tool.main(argv)

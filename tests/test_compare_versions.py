@@ -73,3 +73,11 @@ def test_unknown_revision_is_named():
     with pytest.raises(SystemExit, match='no-such-revision'):
         tool.main(['--base', 'no-such-revision', '--arch', json.dumps(TINY),
                    '--shape', '1x3x45x77', '--rounds', '1'])
+
+
+@pytest.mark.parametrize('shape', ['3x45x77', '1x3x0x77', '1x3x45xa'])
+def test_bad_shape_is_refused_with_its_text(shape, capsys):
+    tool = _tool()
+    with pytest.raises(SystemExit):
+        tool.parse_args(['--base', 'HEAD', '--shape', shape])
+    assert repr(shape) in capsys.readouterr().err

@@ -28,6 +28,7 @@ import argparse
 import json
 
 from posmlp_dense.bench.isolated import compare_in_processes
+from posmlp_dense.bench.measure import input_shape
 
 
 def parse_args(argv=None):
@@ -37,7 +38,8 @@ def parse_args(argv=None):
                    help='comma list from ' + ','.join(ALL_MODELS) +
                         '; the first is compared with the others')
     p.add_argument('--mode', choices=('train', 'inference'), default='train')
-    p.add_argument('--shape', default='2x3x512x512', help='BxCxHxW')
+    p.add_argument('--shape', type=input_shape, default='2x3x512x512',
+                   help='BxCxHxW')
     p.add_argument('--rounds', type=int, default=9)
     p.add_argument('--warmup', type=int, default=2)
     p.add_argument('--seed', type=int, default=0)
@@ -48,12 +50,6 @@ def parse_args(argv=None):
     if unknown or len(args.models) < 2:
         p.error(f'--models: need two or more of {", ".join(ALL_MODELS)}; '
                 f'got {",".join(args.models)}')
-    try:
-        args.shape = tuple(int(s) for s in args.shape.split('x'))
-    except ValueError:
-        p.error(f'--shape {args.shape!r}: expected BxCxHxW, e.g. 2x3x512x512')
-    if len(args.shape) != 4:
-        p.error(f'--shape: expected BxCxHxW, got {args.shape}')
     if args.rounds < 1 or args.warmup < 0:
         p.error('--rounds must be >= 1 and --warmup >= 0')
     return args

@@ -34,6 +34,8 @@ import types
 
 import torch
 
+from posmlp_dense.bench.measure import input_shape
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 BASE_PACKAGE = 'posmlp_dense_base'
 
@@ -46,7 +48,8 @@ def parse_args(argv=None):
                    help='train: forward + backward of a fixed random '
                         'weighting of the outputs, train mode; inference: '
                         'eval, no_grad')
-    p.add_argument('--shape', default='2x3x512x512', help='BxCxHxW')
+    p.add_argument('--shape', type=input_shape, default='2x3x512x512',
+                   help='BxCxHxW')
     p.add_argument('--arch', default='t',
                    help="a variant name or a JSON arch dict")
     p.add_argument('--rounds', type=int, default=8)
@@ -54,12 +57,6 @@ def parse_args(argv=None):
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--json', help='also write the result to this file')
     args = p.parse_args(argv)
-    try:
-        args.shape = tuple(int(s) for s in args.shape.split('x'))
-    except ValueError:
-        p.error(f'--shape {args.shape!r}: expected BxCxHxW, e.g. 2x3x512x512')
-    if len(args.shape) != 4:
-        p.error(f'--shape {args.shape}: expected four sizes, BxCxHxW')
     if args.arch.startswith('{'):
         args.arch = json.loads(args.arch)
     if args.rounds < 1:

@@ -366,6 +366,17 @@ def parse_size(text: str) -> Tuple[int, int]:
     return int(text), int(text)
 
 
+def input_shape(text: str) -> Tuple[int, int, int, int]:
+    """'BxCxHxW' -> (B, C, H, W), positive sizes; an argparse ``type``."""
+    import argparse
+    parts = text.strip().lower().split('x')
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f'{text!r}: expected four positive sizes BxCxHxW, e.g. '
+            f'2x3x512x512')
+    return tuple(int(p) for p in parts)
+
+
 def size_name(size: Tuple[int, int]) -> str:
     return f'{size[0]}x{size[1]}'
 
