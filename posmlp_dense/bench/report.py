@@ -208,7 +208,8 @@ def training_markdown(report: dict) -> List[str]:
         "timed by hooks within the same steps (median).",
         "- GFLOP/image: the FLOPs of a backbone step per image as torch's "
         "`FlopCounterMode` counts them (matmuls and convolutions, forward "
-        "and backward; elementwise work is not counted); GFLOP/s: those "
+        "and backward, with `with_cp` the recomputed forward too; elementwise "
+        "work is not counted); GFLOP/s: those "
         "FLOPs over the median step. Against the matmul calibration above, "
         "the rate shows how much of a step goes to other work: models with "
         "equal FLOPs differ in time only there.",
