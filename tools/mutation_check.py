@@ -226,6 +226,19 @@ MUTATIONS: List[Mutation] = [
         "                                  + end - m['backward_start'])\n",
         "                                  )\n",
         ('tests/test_benchmark.py', '-k', 'stem_clock')),
+    Mutation(
+        "benchmark's FLOP count: the model left in eval mode for the "
+        "measurements after it",
+        'posmlp_dense/bench/training.py',
+        "    set_mode(model, 'fwdbwd')  # (count_macs leaves",
+        "    pass  # (count_macs leaves",
+        ('tests/test_benchmark.py', '-k', 'step_flops')),
+    Mutation(
+        "benchmark's page faults: major faults counted instead of minor",
+        'posmlp_dense/bench/measure.py',
+        'resource.RUSAGE_SELF).ru_minflt',
+        'resource.RUSAGE_SELF).ru_majflt',
+        ('tests/test_benchmark.py', '-k', 'outside_the_memory')),
 ]
 
 
