@@ -21,8 +21,8 @@ from posmlp_dense.bench.published_port import PublishedPort
 from posmlp_dense.bench.training import (StemClock, TrainingCase,
                                          build_detector, footprint,
                                          footprint_in_fresh_process,
-                                         stem_modules, stem_split,
-                                         step_flops,
+                                         run_training, stem_modules,
+                                         stem_split, step_flops,
                                          training_job)
 
 from conftest import load_tool, randomize_
@@ -405,6 +405,22 @@ def test_step_flops_counts_a_real_training_step(model_name):
     assert counted['achieved_gflops'] == pytest.approx(
         counted['gflop_per_image'] * 2 / 0.5)
     assert all(m.training for m in model.modules())
+
+
+def test_training_rows_without_flop_counting(one_thread):
+    """--no-count (flop_count=None, as tools/gpu_check.sh runs it) skips
+    the FLOP count of the training rows; the report shows a dash."""
+    from posmlp_dense.bench.report import training_markdown
+    case = TrainingCase('backbone', 'posmlp_t', False, (1, 32, 32))
+    rows = run_training([case], repeats=1, warmup=0,
+                        device=torch.device('cpu'), memory='none',
+                        posmlp_arch=ARCH, flop_count=None)
+    assert 'gflop_per_image' not in rows[0] and rows[0]['median_s'] > 0
+    report = dict(training=rows, targets=dict(training=[]),
+                  config=dict(train_repeats=1, train_warmup=0))
+    row_line = [line for line in training_markdown(report)
+                if line.startswith('| backbone | PosMLP-T |')]
+    assert len(row_line) == 1 and '| - | - |' in row_line[0]
 
 
 def test_stem_clock_splits_a_step_between_stem_and_levels():

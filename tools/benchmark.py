@@ -168,9 +168,10 @@ def parse_args(argv=None):
                    'published port is checked against PosMLP-T ("none" to '
                    'skip); windows must tile every level')
     g.add_argument('--no-count', action='store_true',
-                   help='skip the MAC counting')
+                   help='skip the MAC counting (inference) and the FLOP '
+                        'counting (training)')
     g.add_argument('--real-count', action='store_true',
-                   help='count MACs on real tensors (default: fake tensors, '
+                   help='count MACs and FLOPs on real tensors (default: fake tensors, '
                         'same counts without the arithmetic)')
     t = p.add_argument_group('training part')
     t.add_argument('--training-only', action='store_true',
@@ -401,7 +402,9 @@ def main(argv=None) -> dict:
     if cases:
         report['training'] = run_training(
             cases, args.train_repeats, args.train_warmup, device,
-            train_memory, args.seed, posmlp_arch, mem_interval, start)
+            train_memory, args.seed, posmlp_arch, mem_interval, start,
+            flop_count=None if args.no_count else
+            'real' if args.real_count else 'fake')
 
     calibs.append(matmul_calibration(device, calib_n))
     peak = max(c['gflops'] for c in calibs)

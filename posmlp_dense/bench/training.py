@@ -290,12 +290,14 @@ def footprint_in_fresh_process(case: TrainingCase, device: torch.device,
 def run_training(cases: Sequence[TrainingCase], repeats: int, warmup: int,
                  device: torch.device, memory: str = 'fresh', seed: int = 0,
                  posmlp_arch: Optional[dict] = None,
-                 mem_interval: float = 0.001, start: float = 0.0
-                 ) -> List[dict]:
+                 mem_interval: float = 0.001, start: float = 0.0,
+                 flop_count: Optional[str] = 'fake') -> List[dict]:
     """One row per case: step times (cases of the same kind and shape are
     interleaved round by round in this process) and, unless ``memory`` is
     'none', the ``footprint`` (measured in a fresh process per case with
-    'fresh', in this one with 'inprocess')."""
+    'fresh', in this one with 'inprocess'). ``flop_count``: how backbone
+    steps' FLOPs are counted, 'fake' or 'real' tensors (``count_macs``),
+    or None: not counted."""
     if memory not in MEMORY_MODES:
         raise ValueError(f'unknown memory mode {memory!r}; choose from '
                          f'{MEMORY_MODES}')
@@ -326,12 +328,15 @@ def run_training(cases: Sequence[TrainingCase], repeats: int, warmup: int,
                 # footprint's steps come after)
                 row.update(stem_split(model.stem_clock.times[-repeats:],
                                       times))
-                row.update(step_flops(model, shape, med, device))
+                if flop_count is not None:
+                    row.update(step_flops(model, shape, med, device,
+                                          fake=flop_count == 'fake'))
                 log(f'train backbone {shape_name(shape)}  {case.label}: '
                     f'stem {fmt(row["stem_median_s"], ".3f")} s of a '
                     f'{med:.3f} s step (medians); '
-                    f'{row["gflop_per_image"]:.1f} GFLOP per image, '
-                    f'{row["achieved_gflops"]:.1f} GFLOP/s', start)
+                    f'{fmt(row.get("gflop_per_image"), ".1f")} GFLOP per '
+                    f'image, {fmt(row.get("achieved_gflops"), ".1f")} '
+                    f'GFLOP/s', start)
             if memory == 'inprocess':
                 row.update(footprint(job, model, device, shape[0]))
                 row['peak_first_step_mb'] = None  # not the process's first
@@ -350,14 +355,14 @@ def run_training(cases: Sequence[TrainingCase], repeats: int, warmup: int,
 
 
 def step_flops(model: nn.Module, shape: Sequence[int], median_s: float,
-               device: torch.device) -> dict:
+               device: torch.device, fake: bool = True) -> dict:
     """FLOPs of one backbone training step per image (forward and backward,
     as torch's FlopCounterMode counts them: matmuls and convolutions, no
     elementwise work), and the rate the timed steps achieved. Next to the
     matmul calibration this says how much of a step is other work: two
     models with the same FLOPs can differ in time only there."""
     batch, h, w = shape
-    macs, _, how = count_macs(model, (h, w), 'fwdbwd', device)
+    macs, _, how = count_macs(model, (h, w), 'fwdbwd', device, fake)
     set_mode(model, 'fwdbwd')  # (count_macs leaves the model in eval mode)
     gflop = 2 * macs / 1e9
     return dict(gflop_per_image=gflop, gflop_counted=how,
