@@ -171,8 +171,8 @@ def parse_args(argv=None):
                    help='skip the MAC counting (inference) and the FLOP '
                         'counting (training)')
     g.add_argument('--real-count', action='store_true',
-                   help='count MACs and FLOPs on real tensors (default: fake tensors, '
-                        'same counts without the arithmetic)')
+                   help='count MACs and FLOPs on real tensors (default: '
+                        'fake tensors, same counts without the arithmetic)')
     t = p.add_argument_group('training part')
     t.add_argument('--training-only', action='store_true',
                    help='run only the training part')
