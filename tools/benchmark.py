@@ -61,12 +61,13 @@ import torch
 from posmlp_dense.bench.inference import MacCounter, run_scaling, run_settings
 from posmlp_dense.bench.measure import (
     MEMORY_METHODS, MODES, PeakMemory, environment, fit_exponent, log,
-    make_input, matmul_calibration, parse_size, size_name)
+    make_input, matmul_calibration, size_name)
 from posmlp_dense.bench.models import ALL_MODELS, build_models, count_params
 from posmlp_dense.bench.published_port import port_check
 from posmlp_dense.bench.report import chart, markdown, target_lines
 from posmlp_dense.bench.training import (
     DETECTOR_BACKBONES, MEMORY_MODES, TrainingCase, run_training)
+from posmlp_dense.cli_sizes import parse_dims
 
 # Backbones the training part can build (the published port shares
 # PosMLP-T's weights and has no checkpointing).
@@ -103,13 +104,18 @@ def parse_list(text: Optional[str]) -> List[str]:
     return [t.strip() for t in text.split(',') if t.strip()]
 
 
-def parse_shape(text: str) -> Tuple[int, int, int]:
-    """'BxHxW' -> (B, H, W)."""
-    parts = text.strip().lower().split('x')
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise SystemExit(f'bad training shape {text!r}: write batch x height '
-                         f'x width, e.g. 2x512x512')
-    return tuple(int(p) for p in parts)
+def parse_size_arg(text: str, layout: str, what: str) -> Tuple[int, ...]:
+    """One size written as ``layout`` (see cli_sizes; 'HxW' also takes 'S',
+    square); a bad one exits."""
+    try:
+        return parse_dims(text, layout, square=True)
+    except argparse.ArgumentTypeError as err:
+        raise SystemExit(f'bad {what} {err}') from None
+
+
+def parse_sizes(text: Optional[str], layout: str, what: str
+                ) -> List[Tuple[int, ...]]:
+    return [parse_size_arg(s, layout, what) for s in parse_list(text)]
 
 
 def parse_cp(text: str) -> List[bool]:
@@ -288,12 +294,14 @@ def training_cases(args) -> List[TrainingCase]:
     if args.no_training:
         return []
     cps = parse_cp(args.train_cp)
-    cases = [TrainingCase('backbone', n, cp, parse_shape(s))
-             for s in parse_list(args.train_shapes)
+    cases = [TrainingCase('backbone', n, cp, shape)
+             for shape in parse_sizes(args.train_shapes, 'BxHxW',
+                                      'training shape')
              for n in checked(parse_list(args.train_models), TRAIN_MODELS,
                               'training model')
              for cp in cps]
-    detector_shape = parse_shape(args.detector_shape)
+    detector_shape = parse_size_arg(args.detector_shape, 'BxHxW',
+                                    'detector shape')
     cases += [TrainingCase('detector', n, cp, detector_shape)
               for n in checked(parse_list(args.detectors),
                                DETECTOR_BACKBONES, 'detector backbone')
@@ -312,12 +320,12 @@ def main(argv=None) -> dict:
         if inference else []
     fb = parse_list(args.fwdbwd_models)
     fwdbwd_names = [n for n in names if 'all' in fb or n in fb]
-    sizes = [parse_size(s) for s in parse_list(args.sizes)]
+    sizes = parse_sizes(args.sizes, 'HxW', 'input size')
     fwdbwd_sizes = [s for s in sizes if args.fwdbwd_max_pixels <= 0
                     or s[0] * s[1] <= args.fwdbwd_max_pixels]
     batches = [int(b) for b in parse_list(args.batches)]
     modes = checked(parse_list(args.modes), MODES, 'mode')
-    scaling_sizes = [parse_size(s) for s in parse_list(args.scaling_sizes)] \
+    scaling_sizes = parse_sizes(args.scaling_sizes, 'HxW', 'scaling size') \
         if inference else []
     scaling_names = checked(parse_list(args.scaling_models), ALL_MODELS,
                             'model') if scaling_sizes else []
@@ -374,7 +382,8 @@ def main(argv=None) -> dict:
                 and args.check_size.lower() != 'none'):
             c = report['port_check'] = port_check(
                 models['posmlp_t'], models['published_port'],
-                make_input(parse_size(args.check_size), 1, device, args.seed))
+                make_input(parse_size_arg(args.check_size, 'HxW', 'check size'),
+                           1, device, args.seed))
             log(f'published port vs PosMLP-T at {size_name(c["size"])}: max '
                 f'abs diff {c["max_abs_diff"]:.2e} '
                 f'({"ok" if c["ok"] else "MISMATCH"})', start)

@@ -25,18 +25,12 @@ import sys
 from posmlp_dense.export import (DEFAULT_VERIFY_SIZES, ExportDependencyError,
                                  export_verified, require_export_dependencies)
 from posmlp_dense.archs import GATES
+from posmlp_dense.cli_sizes import parse_dims
 
 
 def parse_size(text):
-    try:
-        h, w = (int(v) for v in text.lower().split('x'))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f'a size is HxW, e.g. 300x460, got {text!r}') from None
-    if h <= 0 or w <= 0:
-        raise argparse.ArgumentTypeError(f'sizes must be positive, got '
-                                         f'{text!r}')
-    return h, w
+    """An argparse ``type``: 'HxW' or 'S' (square) -> (H, W)."""
+    return parse_dims(text, 'HxW')
 
 
 def parse_arch(text):

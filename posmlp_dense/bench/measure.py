@@ -25,6 +25,8 @@ from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ..cli_sizes import parse_dims
+
 MODES = ('fwd', 'fwdbwd')
 # the folder holding posmlp_dense/: the git checkout in a source install
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -358,23 +360,9 @@ def matmul_calibration(device: torch.device, n: int, repeats: int = 5
 
 
 
-def parse_size(text: str) -> Tuple[int, int]:
-    text = text.strip().lower()
-    if 'x' in text:
-        h, w = text.split('x')
-        return int(h), int(w)
-    return int(text), int(text)
-
-
 def input_shape(text: str) -> Tuple[int, int, int, int]:
     """'BxCxHxW' -> (B, C, H, W), positive sizes; an argparse ``type``."""
-    import argparse
-    parts = text.strip().lower().split('x')
-    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(
-            f'{text!r}: expected four positive sizes BxCxHxW, e.g. '
-            f'2x3x512x512')
-    return tuple(int(p) for p in parts)
+    return parse_dims(text, 'BxCxHxW')
 
 
 def size_name(size: Tuple[int, int]) -> str:
