@@ -239,6 +239,12 @@ MUTATIONS: List[Mutation] = [
         'resource.RUSAGE_SELF).ru_minflt',
         'resource.RUSAGE_SELF).ru_majflt',
         ('tests/test_benchmark.py', '-k', 'outside_the_memory')),
+    Mutation(
+        'command-line sizes: a zero size accepted',
+        'posmlp_dense/cli_sizes.py',
+        'p.isascii() and p.isdigit() and int(p) > 0 for p in parts',
+        'p.isascii() and p.isdigit() and int(p) >= 0 for p in parts',
+        ('tests/test_cli_sizes.py',)),
 ]
 
 
