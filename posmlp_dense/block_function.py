@@ -97,9 +97,11 @@ class _Layout:
         return self.scratch.backward if self.scratch is not None \
             else Workspace()
 
-    def matrices(self):
-        """The gate's augmented (groups, n, n + 1) matrix per window class."""
-        return [self.gate.augmented_mixing(key, fresh=True)
+    def matrices(self, workspace=None):
+        """The gate's augmented (groups, n, n + 1) matrix per window class;
+        ``workspace``: for the gate's temporaries."""
+        return [self.gate.augmented_mixing(key, fresh=True,
+                                           workspace=workspace)
                 for key in self.keys]
 
     @contextmanager
@@ -190,7 +192,7 @@ class LeanPoSGUBlock(torch.autograd.Function):
             a = torch.ops.aten.gelu.out(
                 h, approximate=layout.approximate,
                 out=buffers.get('activation', h.shape, h))
-            matrices = layout.matrices()
+            matrices = layout.matrices(buffers)
             # the gated product is written over each run's u
             mixed = _mix(a, layout, matrices)
             out = torch.empty((T, shrink_w.shape[0]), dtype=cdtype,
@@ -372,11 +374,16 @@ def _mix_backward(a, d_gated, layout, matrices, mixed, needs_matrices,
         torch.mul(dg, m, out=v)
         if needs_matrices:
             # d(P) = d_m^T u per group; the bias column's gradient is each
-            # query's d_m summed over the rows (the bias meets ones)
-            d_matrix = torch.cat([torch.bmm(d_m.transpose(1, 2), u),
-                                  d_m.sum(dim=1).unsqueeze(2)], dim=2)
-            d_matrices[index] = d_matrix if d_matrices[index] is None \
-                else d_matrices[index] + d_matrix
+            # query's d_m summed over the rows (the bias meets ones). A
+            # window class's first run writes into the level's buffer.
+            previous = d_matrices[index]
+            d_matrix = buffers.get(('d_matrix', index),
+                                   (d_m.shape[0], n, n + 1), d_m) \
+                if previous is None else torch.empty_like(previous)
+            torch.bmm(d_m.transpose(1, 2), u, out=d_matrix[..., :n])
+            torch.sum(d_m, dim=1, out=d_matrix[..., n])
+            d_matrices[index] = d_matrix if previous is None \
+                else previous.add_(d_matrix)
         # u is no longer read: d(u) = d_m P goes where it was
         torch.bmm(d_m, _matching_dtype(matrices[index], d_m)[..., :n],
                   out=u)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from posmlp_dense import PosMLP
+from posmlp_dense.workspace import Workspace
 
 from conftest import TINY_ARCH, randomize_
 from reference import gqpe_scores, per_window_forward_levels
@@ -126,3 +127,30 @@ def test_blocks_with_large_activations_equal_the_reference(gate):
         err = (a - b).abs().max().item()
         assert err <= 1e-5 * max(1.0, scale), \
             f'level {level}: max error {err:.3g} (largest value {scale:.3g})'
+
+
+# ------------------------------------------------ matrices without autograd
+@pytest.mark.parametrize('gate,kwargs', [
+    ('gqpe', {}), ('gqpe', dict(gqpe_generalized=False)), ('lrpe', {}),
+    ('lrpe', dict(pos_only=False))],
+    ids=['gqpe', 'gqpe_isotropic', 'lrpe', 'lrpe_token_matrix'])
+def test_matrices_without_grad_equal_the_autograd_ones(gate, kwargs):
+    """Without autograd (eval mode's cache, the lean training Function) a
+    gate writes its augmented matrices in place, GQPE with its scores and
+    softmax in a workspace's buffers. They must be the autograd path's bit
+    for bit, for full and partial windows, with or without a workspace, and
+    a buffer reused for a smaller window must not leak into it."""
+    model = randomize_(PosMLP(TINY_ARCH, gate=gate, **kwargs)).train()
+    unit = model.levels[0].encoder[0].gate_unit
+    wh, ww = unit.window
+    workspace = Workspace()
+    for key in [(0, wh, 0, ww), (0, wh, 0, ww - 2), (1, wh, 0, 2),
+                (0, 1, 0, 1), (0, wh, 0, ww)]:
+        reference = unit.augmented_mixing(key)
+        assert reference.requires_grad  # the autograd path
+        with torch.no_grad():
+            alone = unit.augmented_mixing(key, fresh=True)
+            shared = unit.augmented_mixing(key, fresh=True,
+                                           workspace=workspace)
+        assert torch.equal(alone, reference.detach()), key
+        assert torch.equal(shared, reference.detach()), key

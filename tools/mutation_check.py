@@ -190,8 +190,9 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         "GQPE's analytic backward: softmax backward without its row sums",
         'posmlp_dense/gates/gqpe.py',
-        '        d_weights.sub_(rows).mul_(weights)\n',
-        '        d_weights.mul_(weights)\n',
+        '        d_weights.addcmul_(weights, d_weights.sum(dim=-1, '
+        'keepdim=True),\n                           value=-1.0)\n',
+        '',
         (GRADIENTS, '-k', 'block_gradients and gqpe')),
     Mutation(
         "GQPE's analytic backward: the position bias gets no gradient",
@@ -245,6 +246,13 @@ MUTATIONS: List[Mutation] = [
         'p.isascii() and p.isdigit() and int(p) > 0 for p in parts',
         'p.isascii() and p.isdigit() and int(p) >= 0 for p in parts',
         ('tests/test_cli_sizes.py',)),
+    Mutation(
+        'GQPE without autograd: the negligible weights kept',
+        'posmlp_dense/gates/gqpe.py',
+        'torch.threshold(softmax, NEGLIGIBLE_WEIGHT, 0.0, out=out)',
+        'out.copy_(softmax)',
+        (NUMERICS + '::test_matrices_without_grad_equal_the_autograd_ones',),
+        forward=True),
 ]
 
 

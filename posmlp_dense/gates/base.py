@@ -88,14 +88,16 @@ class GateUnit(nn.Module):
         from token-major u)."""
         return u
 
-    def augmented_mixing(self, key: Key, fresh: bool = False
-                         ) -> torch.Tensor:
+    def augmented_mixing(self, key: Key, fresh: bool = False,
+                         workspace=None) -> torch.Tensor:
         """(groups, n, n + 1): the mixing matrices with the bias appended.
 
         The form the token mixing consumes (the bias multiplies a row of
         ones). Cached in eval mode, see the module docstring; ``fresh``:
         computed from the parameters whatever the mode (the lean training
         Function, which runs with grad off but needs current values).
+        ``workspace``: where computations without grad may keep their
+        temporaries (workspace.py).
         """
         params = tuple(self.parameters())
         device = params[0].device
@@ -103,7 +105,7 @@ class GateUnit(nn.Module):
             p.requires_grad for p in params)
         if self.training or needs_grad or fresh:
             with torch.autocast(device.type, enabled=False):
-                return self._augmented(key, device)
+                return self._augmented(key, device, workspace)
         stamp = tuple((p._version, p.data_ptr()) for p in params)
         cache_key = (key, str(device))
         hit = self._mixing_cache.get(cache_key)
@@ -114,11 +116,17 @@ class GateUnit(nn.Module):
         self._mixing_cache[cache_key] = (stamp, result)
         return result
 
-    def _augmented(self, key: Key, device) -> torch.Tensor:
-        weights, bias = self.compute_mixing(self.token_index(key, device))
-        groups, n, _ = weights.shape
-        return torch.cat([weights, bias.view(1, n, 1).expand(groups, n, 1)],
-                         dim=2)
+    def _augmented(self, key: Key, device, workspace=None) -> torch.Tensor:
+        index = self.token_index(key, device)
+        if not torch.is_grad_enabled():
+            return self.augmented_without_grad(index, workspace)
+        return append_bias(*self.compute_mixing(index))
+
+    def augmented_without_grad(self, index: torch.Tensor, workspace=None
+                               ) -> torch.Tensor:
+        """``_augmented`` when no graph is recorded: a gate may compute it
+        in place, in fewer passes and allocations."""
+        return append_bias(*self.compute_mixing(index))
 
     @property
     def has_mixing_backward(self) -> bool:
@@ -153,3 +161,10 @@ class GateUnit(nn.Module):
         self._mixing_cache.clear()
         self._index_cache.clear()
         return super()._apply(fn, *args, **kwargs)
+
+
+def append_bias(weights: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """(groups, n, n) weights and (n,) bias -> (groups, n, n + 1)."""
+    groups, n, _ = weights.shape
+    return torch.cat([weights, bias.view(1, n, 1).expand(groups, n, 1)],
+                     dim=2)

@@ -94,6 +94,27 @@ class GQPE(PositionBias):
         return torch.nn.functional.threshold(scores.softmax(dim=-1),
                                              NEGLIGIBLE_WEIGHT, 0.0)
 
+    def write_weights(self, index, out, workspace=None):
+        """``weights`` without autograd and without fresh (groups, n, n)
+        tensors when a ``workspace`` is given: the scores and the softmax
+        in its buffers, the thresholded weights straight into ``out`` (the
+        caller's augmented matrix). The same kernels as ``weights``, so the
+        same values."""
+        n = index.numel()
+        shape = (self.groups, n, n)
+        coefficients = self.score_coefficients()
+        if workspace is None:
+            scores, softmax = (coefficients.new_empty(shape)
+                               for _ in range(2))
+        else:
+            scores = workspace.get('gate_scores', shape, coefficients)
+            softmax = workspace.get('gate_softmax', shape, coefficients)
+        feats = self.geometry(index, self.rel_indices)
+        torch.mm(coefficients, feats.reshape(n * n, -1).t(),
+                 out=scores.view(self.groups, n * n))
+        torch.softmax(scores, dim=-1, out=softmax)
+        torch.threshold(softmax, NEGLIGIBLE_WEIGHT, 0.0, out=out)
+
     def coefficients_gradient(self, index: torch.Tensor,
                               augmented: torch.Tensor,
                               d_augmented: torch.Tensor) -> torch.Tensor:
@@ -101,14 +122,16 @@ class GQPE(PositionBias):
         augmented matrix (groups, n, n + 1): ``weights(index)`` and a bias
         column (whose gradient the caller has read: ``d_augmented`` is
         overwritten). Without autograd: the softmax's backward
-        dS = P * (dP - rowsum(dP * P)), then the features' transpose. With
+        dS = P * dP - P * rowsum(P * dP), then the features' transpose. With
         the thresholded P the dropped weights pass no gradient, which
         autograd through ``weights`` gives up to their own size (below
         NEGLIGIBLE_WEIGHT times the row's gradient)."""
         n = index.numel()
         weights, d_weights = augmented[..., :n], d_augmented[..., :n]
-        rows = (d_weights * weights).sum(dim=-1, keepdim=True)
-        d_weights.sub_(rows).mul_(weights)
+        # P * dP - P * rowsum(P * dP), in place: no (groups, n, n) temporary
+        d_weights.mul_(weights)
+        d_weights.addcmul_(weights, d_weights.sum(dim=-1, keepdim=True),
+                           value=-1.0)
         # the bias column meets zero features. (features^T @ d^T)^T: with
         # the long reduction over the entries in the first operand's rows
         # this runs 4x faster than d @ features on a CPU

@@ -54,6 +54,17 @@ class PoSGU(GateUnit):
             weights = weights + self.token_proj_n_weight[:, index][:, :, index]
         return weights, self.pos.bias(index)
 
+    def augmented_without_grad(self, index, workspace=None):
+        n = index.numel()
+        bias = self.pos.bias(index)
+        augmented = bias.new_empty(self.groups, n, n + 1)
+        weights = augmented[..., :n]
+        self.pos.write_weights(index, weights, workspace)
+        if not self.pos_only:
+            weights += self.token_proj_n_weight[:, index][:, :, index]
+        augmented[..., n] = bias
+        return augmented
+
     @property
     def has_mixing_backward(self) -> bool:
         return isinstance(self.pos, GQPE)

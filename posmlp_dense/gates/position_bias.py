@@ -64,6 +64,12 @@ class PositionBias(nn.Module):
     def weights(self, index: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def write_weights(self, index: torch.Tensor, out: torch.Tensor,
+                      workspace=None):
+        """``weights(index)`` into ``out`` (groups, n, n), without autograd;
+        ``workspace``: where temporaries may be kept (workspace.py)."""
+        out.copy_(self.weights(index))
+
     def full_window_weights(self) -> Tuple[torch.Tensor, bool]:
         """(groups, N, N) weights of the full window for padded windows, and
         whether they are softmax numerators to normalize over real keys."""
