@@ -556,8 +556,36 @@ def test_training_ratios_paired_round_by_round():
                              row('swin_t', [1.0, 10.0, 10.0], 0.5)])
     assert e['time_ratio_paired'] == pytest.approx(0.9)
     assert e['time_ratio'] == pytest.approx(0.8)
+    assert e['time_ratio_range'] == pytest.approx([0.8, 2.0])
     assert e['time_ratio_without_stem'] == pytest.approx(7.0 / 9.5)
     assert (e['stem_s'], e['swin_stem_s']) == (1.0, 0.5)
+
+
+def test_training_verdict_says_when_the_rounds_disagree():
+    """The target is judged on the medians; when some rounds have PosMLP-T
+    ahead and others behind, the verdict says so, and the table gives the
+    rounds' lowest and highest ratio."""
+    from posmlp_dense.bench.report import (training_markdown,
+                                           training_targets)
+
+    def row(model, times):
+        return dict(kind='backbone', model=model, label=model,
+                    shape=[2, 64, 64], with_cp=False, times=times,
+                    median_s=sorted(times)[1], min_s=min(times),
+                    images_per_s=1.0, params=1e6, memory='fresh')
+    spread = 'span 1.00'
+    for posmlp, swin, spans in (([2.0, 8.0, 9.0], [1.0, 10.0, 10.0], True),
+                                ([0.9, 8.0, 9.0], [1.0, 10.0, 10.0], False)):
+        rows = [row('posmlp_t', posmlp), row('swin_t', swin)]
+        targets = training_targets(rows)
+        lines = training_markdown(dict(
+            training=rows, targets=dict(training=targets),
+            config=dict(train_repeats=3, train_warmup=1)))
+        (line,) = [x for x in lines if x.startswith('| backbone | 2x64x64')]
+        assert '(met)' in line
+        assert (spread in line) == spans, line
+        low, high = targets[0]['time_ratio_range']
+        assert f'({low:.2f}-{high:.2f})' in line
 
 
 def test_inference_latency_ratio_paired_round_by_round():

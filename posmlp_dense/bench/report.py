@@ -21,23 +21,25 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def _paired_ratio(times, others):
-    """Median over the timed rounds of the ratio of the two rows' steps in
-    the same round: the rows of one kind and input run interleaved, so the
-    two steps of a round ran within seconds of each other, and a drift of
-    the machine's speed over the run cancels out of each ratio."""
+def _round_ratios(times, others):
+    """The ratio of the two rows' steps in each timed round: the rows of
+    one kind and input run interleaved, so the two steps of a round ran
+    within seconds of each other, and a drift of the machine's speed over
+    the run cancels out of each ratio. None unless the rounds pair up."""
     if len(times) != len(others) or not times:
         return None
-    return statistics.median(a / b for a, b in zip(times, others))
+    return [a / b for a, b in zip(times, others)]
 
 
 def _time_ratios(row: dict, other: dict, name: str) -> dict:
     """``row``'s time against ``other``'s three ways: ``name`` from the
     medians, ``name``_min from the fastest runs, ``name``_paired round by
-    round."""
+    round, with the rounds' lowest and highest ratio (``name``_range)."""
+    ratios = _round_ratios(row['times'], other['times'])
     return {name: row['median_s'] / other['median_s'],
             f'{name}_min': row['min_s'] / other['min_s'],
-            f'{name}_paired': _paired_ratio(row['times'], other['times'])}
+            f'{name}_paired': ratios and statistics.median(ratios),
+            f'{name}_range': ratios and [min(ratios), max(ratios)]}
 
 
 def training_targets(rows) -> list:
@@ -87,7 +89,7 @@ def target_lines(report: dict) -> dict:
     Each ratio from the medians (what the targets are judged on), from
     the fastest runs (``*_min``: on a busy machine other processes only
     ever slow a run down, so the fastest runs are the steadier estimate)
-    and round by round (``*_paired``, see ``_paired_ratio``).
+    and round by round (``*_paired``, see ``_round_ratios``).
     """
     res = report['results']
     det = (800, 1333)
@@ -148,7 +150,12 @@ def busy_warning(report: dict) -> Optional[str]:
 def verdict(entry: dict) -> str:
     if 'met' not in entry:
         return ''
-    return f"{entry['target']} ({'met' if entry['met'] else 'NOT met'})"
+    text = f"{entry['target']} ({'met' if entry['met'] else 'NOT met'})"
+    spread = entry.get('time_ratio_range')
+    if spread and spread[0] <= 1.0 <= spread[1]:
+        # the rounds disagree about which model is faster
+        text += "; the rounds' step-time ratios span 1.00"
+    return text
 
 
 MEMORY_MODE_TEXT = {
@@ -238,7 +245,8 @@ def training_markdown(report: dict) -> List[str]:
         lines += ['', 'PosMLP-T against Swin-T in training (ratios, below 1 '
                   'is better; step time from the medians and, in brackets, '
                   'from the fastest steps; paired: the median of the '
-                  "two models' ratios round by round):", '',
+                  "two models' ratios round by round, in brackets the "
+                  "rounds' lowest and highest):", '',
                   '| kind | input (BxHxW) | with_cp | step time | step '
                   'time, paired | step time without the stem | FLOPs | '
                   'peak, first | peak, repeated | saved activations | '
@@ -250,13 +258,19 @@ def training_markdown(report: dict) -> List[str]:
                 f"| {e['kind']} | {'x'.join(map(str, e['shape']))} | "
                 f"{'on' if e['with_cp'] else 'off'} | "
                 f"{e['time_ratio']:.2f} ({e['time_ratio_min']:.2f}) | "
-                f"{fmt(e.get('time_ratio_paired'), '.2f')} | "
+                f"{fmt(e.get('time_ratio_paired'), '.2f')}"
+                f"{_spread(e.get('time_ratio_range'))} | "
                 f"{fmt(e.get('time_ratio_without_stem'), '.2f')} | "
                 f"{fmt(e.get('flop_ratio'), '.2f')} | "
                 f"{fmt(e['peak_first_step_ratio'], '.2f')} | "
                 f"{fmt(e['peak_ratio'], '.2f')} | "
                 f"{fmt(e['saved_ratio'], '.2f')} | {verdict(e)} |")
     return lines
+
+
+def _spread(low_high) -> str:
+    return '' if not low_high else \
+        f' ({low_high[0]:.2f}-{low_high[1]:.2f})'
 
 
 def markdown(report: dict) -> str:
