@@ -29,7 +29,7 @@ from posmlp_dense.cli_sizes import parse_dims
 
 
 def parse_size(text):
-    """An argparse ``type``: 'HxW' or 'S' (square) -> (H, W)."""
+    """An argparse ``type``: 'HxW' -> (H, W) (no square shorthand)."""
     return parse_dims(text, 'HxW')
 
 

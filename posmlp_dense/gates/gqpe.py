@@ -85,11 +85,8 @@ class GQPE(PositionBias):
 
     def weights(self, index: torch.Tensor) -> torch.Tensor:
         """(groups, n, n) softmax mixing weights among the given tokens."""
-        feats = self.geometry(index, self.rel_indices)
         n = index.numel()
-        # scores[s, m, n] = feats[m, n] . coefficients[s], as one matmul
-        scores = self.score_coefficients().mm(
-            feats.reshape(n * n, -1).t()).view(self.groups, n, n)
+        scores = self._scores(index).view(self.groups, n, n)
         # weights below NEGLIGIBLE_WEIGHT -> 0, in one pass
         return torch.nn.functional.threshold(scores.softmax(dim=-1),
                                              NEGLIGIBLE_WEIGHT, 0.0)
@@ -101,19 +98,23 @@ class GQPE(PositionBias):
         caller's augmented matrix). The same kernels as ``weights``, so the
         same values."""
         n = index.numel()
-        shape = (self.groups, n, n)
-        coefficients = self.score_coefficients()
+        shape, like = (self.groups, n, n), self.attention_centers
         if workspace is None:
-            scores, softmax = (coefficients.new_empty(shape)
-                               for _ in range(2))
+            scores, softmax = (like.new_empty(shape) for _ in range(2))
         else:
-            scores = workspace.get('gate_scores', shape, coefficients)
-            softmax = workspace.get('gate_softmax', shape, coefficients)
-        feats = self.geometry(index, self.rel_indices)
-        torch.mm(coefficients, feats.reshape(n * n, -1).t(),
-                 out=scores.view(self.groups, n * n))
+            scores = workspace.get('gate_scores', shape, like)
+            softmax = workspace.get('gate_softmax', shape, like)
+        self._scores(index, out=scores.view(self.groups, n * n))
         torch.softmax(scores, dim=-1, out=softmax)
         torch.threshold(softmax, NEGLIGIBLE_WEIGHT, 0.0, out=out)
+
+    def _scores(self, index: torch.Tensor, out=None) -> torch.Tensor:
+        """(groups, n * n): scores[s, m * n + k] = feats[m, k] .
+        coefficients[s], as one matmul (written into ``out`` if given)."""
+        n = index.numel()
+        feats = self.geometry(index, self.rel_indices)
+        return torch.mm(self.score_coefficients(),
+                        feats.reshape(n * n, -1).t(), out=out)
 
     def coefficients_gradient(self, index: torch.Tensor,
                               augmented: torch.Tensor,
