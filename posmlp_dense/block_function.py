@@ -100,9 +100,10 @@ class _Layout:
     def matrices(self, workspace=None):
         """The gate's augmented (groups, n, n + 1) matrix per window class;
         ``workspace``: for the gate's temporaries."""
-        return [self.gate.augmented_mixing(key, fresh=True,
-                                           workspace=workspace)
-                for key in self.keys]
+        with self.gate.sharing_parameter_terms():
+            return [self.gate.augmented_mixing(key, fresh=True,
+                                               workspace=workspace)
+                    for key in self.keys]
 
     @contextmanager
     def gate_leaves(self, params, needs):
@@ -137,21 +138,21 @@ class _Layout:
         return from_group_major(d_w_e, d_b_e, d_w_s, self.groups)
 
     def analytic_gate_gradients(self, params, needs, matrices, d_matrices):
-        """The gate parameters' gradients through its ``mixing_backward``."""
-        wanted = [i for i, need in enumerate(needs) if need]
-        if not wanted or all(d is None for d in d_matrices):
+        """The gate parameters' gradients through its ``mixing_backward``,
+        with the parameters the forward saw swapped into the gate."""
+        if not any(needs) or all(d is None for d in d_matrices):
             return [None] * len(params)
         d_matrices = [d.to(m.dtype) for m, d in zip(matrices, d_matrices)]
-        with self.gate_leaves(params, needs) as leaves:
-            outputs, grads = self.gate.mixing_backward(
-                self.keys, matrices, d_matrices)
-            found = torch.autograd.grad(
-                outputs, [leaves[i] for i in wanted], grads,
-                allow_unused=True)
-        result = [None] * len(params)
-        for i, grad in zip(wanted, found):
-            result[i] = grad if grad is not None else torch.zeros_like(
-                params[i])
+        with _swapped_parameters(self.gate, self.gate_param_names,
+                                 [p.detach() for p in params]):
+            grads = self.gate.mixing_backward(self.keys, matrices,
+                                              d_matrices)
+        result = []
+        for name, param, need in zip(self.gate_param_names, params, needs):
+            grad = grads.get(name) if need else None
+            if need and grad is None:
+                grad = torch.zeros_like(param)
+            result.append(grad)
         return result
 
 

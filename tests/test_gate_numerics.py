@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from posmlp_dense import PosMLP
+from posmlp_dense.gates.gqpe import GQPE
 from posmlp_dense.workspace import Workspace
 
 from conftest import TINY_ARCH, randomize_
@@ -154,3 +155,52 @@ def test_matrices_without_grad_equal_the_autograd_ones(gate, kwargs):
                                            workspace=workspace)
         assert torch.equal(alone, reference.detach()), key
         assert torch.equal(shared, reference.detach()), key
+
+
+# -------------------------------------- GQPE's parameters, without autograd
+@pytest.mark.parametrize('generalized,symmetric', [
+    (True, True), (True, False), (False, True)],
+    ids=['generalized', 'generalized_asymmetric', 'isotropic'])
+def test_parameter_gradients_equal_autograd(generalized, symmetric):
+    """The lean backward gets the centres' and spreads' gradients from the
+    score coefficients' in closed form. They must be what autograd through
+    ``score_coefficients`` gives, for every form of the spread (the
+    asymmetric one is reachable only by building GQPE directly)."""
+    torch.manual_seed(0)
+    pos = GQPE((5, 4), groups=3, generalized=generalized,
+               symmetric=symmetric)
+    with torch.no_grad():
+        for p in (pos.attention_centers, pos.attention_spreads):
+            p.copy_(torch.randn_like(p))
+    d_coefficients = torch.randn_like(pos.score_coefficients())
+    params = [pos.attention_centers, pos.attention_spreads]
+    expected = torch.autograd.grad(
+        (pos.score_coefficients() * d_coefficients).sum(), params)
+    with torch.no_grad():
+        got = pos.parameter_gradients(d_coefficients)
+    for name, want in zip(['attention_centers', 'attention_spreads'],
+                          expected):
+        assert got[name].shape == want.shape, name
+        torch.testing.assert_close(got[name], want, rtol=1e-5, atol=1e-6,
+                                   msg=name)
+
+
+def test_shared_coefficients_last_one_call():
+    """Inside ``sharing_parameter_terms`` the matrices of a block's window
+    classes reuse one computation of the score coefficients: equal to a
+    fresh one, never used where autograd records a graph, and forgotten on
+    exit, so that a parameter update before the next call is seen."""
+    torch.manual_seed(0)
+    pos = GQPE((4, 4), groups=2)
+    with pos.sharing_parameter_terms():
+        with torch.no_grad():
+            first = pos.score_coefficients()
+            assert pos.score_coefficients() is first
+        assert torch.equal(first, pos._coefficients().detach())
+        assert pos.score_coefficients().requires_grad
+    with torch.no_grad():
+        pos.attention_centers.add_(1.0)
+        with pos.sharing_parameter_terms():
+            updated = pos.score_coefficients()
+    assert not torch.equal(updated, first)
+    assert torch.equal(updated, pos._coefficients())

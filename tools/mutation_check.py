@@ -253,6 +253,20 @@ MUTATIONS: List[Mutation] = [
         'out.copy_(softmax)',
         (NUMERICS + '::test_matrices_without_grad_equal_the_autograd_ones',),
         forward=True),
+    Mutation(
+        "GQPE's closed-form gradient: the spread's without its transpose term",
+        'posmlp_dense/gates/gqpe.py',
+        'd_spreads = (d_inv_cov + d_inv_cov.transpose(1, 2)) @ spreads',
+        'd_spreads = d_inv_cov @ spreads',
+        (GRADIENTS, '-k', 'block_gradients and gqpe')),
+    Mutation(
+        'shared GQPE coefficients used where autograd records a graph',
+        'posmlp_dense/gates/gqpe.py',
+        '        if self._shared_coefficients is not None and \\\n'
+        '                not torch.is_grad_enabled():\n',
+        '        if self._shared_coefficients is not None:\n',
+        (NUMERICS, '-k', 'shared_coefficients'),
+        forward=True),
 ]
 
 

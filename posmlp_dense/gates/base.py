@@ -9,6 +9,7 @@ version counter and storage, which every in-place update (optimizer step,
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Tuple
 
 import torch
@@ -128,6 +129,12 @@ class GateUnit(nn.Module):
         in place, in fewer passes and allocations."""
         return append_bias(*self.compute_mixing(index))
 
+    def sharing_parameter_terms(self):
+        """A context within which matrices computed without grad may share
+        the terms that depend on the parameters alone, computed once for
+        several window classes. None to share by default."""
+        return contextlib.nullcontext()
+
     @property
     def has_mixing_backward(self) -> bool:
         """Whether ``mixing_backward`` is implemented."""
@@ -135,11 +142,10 @@ class GateUnit(nn.Module):
 
     def mixing_backward(self, keys, augmented, d_augmented):
         """Optional analytic backward of ``augmented_mixing``: given each
-        window class's augmented matrix and its gradient, small tensors
-        computed from the parameters (with autograd, by the caller) and the
-        gradients they receive, so that backpropagating those gives the
-        parameters' gradients. None (the default): the caller recomputes
-        the matrices with autograd instead."""
+        window class's augmented matrix and its gradient, the parameters'
+        gradients, by name (as ``named_parameters`` gives it; a parameter
+        left out gets none). None (the default): the caller recomputes the
+        matrices with autograd instead."""
         return None
 
     def mixing_matrices(self, key: Key) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -69,10 +69,15 @@ class PoSGU(GateUnit):
     def has_mixing_backward(self) -> bool:
         return isinstance(self.pos, GQPE)
 
+    def sharing_parameter_terms(self):
+        if isinstance(self.pos, GQPE):
+            return self.pos.sharing_parameter_terms()
+        return super().sharing_parameter_terms()
+
     def mixing_backward(self, keys, augmented, d_augmented):
-        """GQPE: the score coefficients' and the position bias's gradients
-        (GQPE.coefficients_gradient; ``d_augmented`` is overwritten);
-        LRPE: None (recomputed)."""
+        """GQPE: the gradients of its centres, spreads and position bias
+        (GQPE.coefficients_gradient, then GQPE.parameter_gradients;
+        ``d_augmented`` is overwritten); LRPE: None (recomputed)."""
         if not self.has_mixing_backward:
             return None
         d_coefficients = 0
@@ -85,9 +90,11 @@ class PoSGU(GateUnit):
             d_bias.index_add_(0, index, d_aug[..., n].sum(dim=0))
             d_coefficients = d_coefficients + self.pos.coefficients_gradient(
                 index, aug, d_aug)
-        return ([self.pos.score_coefficients(),
-                 self.pos.token_proj_n_bias.view(-1)],
-                [d_coefficients, d_bias])
+        grads = {f'pos.{name}': grad for name, grad in
+                 self.pos.parameter_gradients(d_coefficients).items()}
+        grads['pos.token_proj_n_bias'] = d_bias.view_as(
+            self.pos.token_proj_n_bias)
+        return grads
 
     def full_window_mixing(self):
         weights, normalize = self.pos.full_window_weights()
