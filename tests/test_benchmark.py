@@ -106,9 +106,15 @@ def test_benchmark_main_tiny(bench, tmp_path, one_thread):
     assert (tmp_path / 'bench' / 'b.png').stat().st_size > 0
 
     env = data['environment']
-    for key in ('torch', 'threads', 'device', 'time'):
+    for key in ('torch', 'threads', 'device', 'time', 'allocator'):
         assert key in env
     assert env['threads'] >= 1
+    # a run under malloc settings says so in its Markdown
+    from posmlp_dense.bench.report import markdown
+    env['allocator'] = {'GLIBC_TUNABLES': 'glibc.malloc.trim_threshold=1'}
+    assert '`GLIBC_TUNABLES=glibc.malloc.trim_threshold=1`' in markdown(data)
+    env['allocator'] = {}
+    assert 'Memory allocator settings' not in markdown(data)
     assert data['calibration']['peak_gflops'] > 0
 
     got = {(r['model'], r['mode']) for r in data['results']}
@@ -601,3 +607,24 @@ def test_inference_latency_ratio_paired_round_by_round():
     assert e['latency_ratio_paired'] == pytest.approx(0.9)
     assert e['latency_ratio'] == pytest.approx(0.8)
     assert e['met']  # judged on the medians
+
+
+def test_allocator_settings_are_recorded_and_reported(monkeypatch):
+    """A run under malloc settings that keep freed memory takes other page
+    faults than one under the default: the report says which it was."""
+    from posmlp_dense.bench.measure import environment
+    from posmlp_dense.bench.report import allocator_line
+    for name in ('GLIBC_TUNABLES', 'MALLOC_MMAP_THRESHOLD_',
+                 'MALLOC_TRIM_THRESHOLD_', 'MALLOC_MMAP_MAX_',
+                 'MALLOC_TOP_PAD_', 'LD_PRELOAD'):
+        monkeypatch.delenv(name, raising=False)
+    env = environment(torch.device('cpu'))
+    assert env['allocator'] == {}
+    assert allocator_line(env) is None
+    tunables = 'glibc.malloc.mmap_threshold=4294967296'
+    monkeypatch.setenv('GLIBC_TUNABLES', tunables)
+    env = environment(torch.device('cpu'))
+    assert env['allocator'] == {'GLIBC_TUNABLES': tunables}
+    line = allocator_line(env)
+    assert f'`GLIBC_TUNABLES={tunables}`' in line
+    assert allocator_line({}) is None  # a report from before the field

@@ -507,6 +507,20 @@ def loadavg():
         return None
 
 
+# Settings that change how the C library's malloc hands memory back to the
+# OS (or replace malloc), and so how many page faults each step takes on a
+# CPU: a run under one is not comparable with a run under the default.
+ALLOCATOR_SETTINGS = ('GLIBC_TUNABLES', 'MALLOC_MMAP_THRESHOLD_',
+                      'MALLOC_TRIM_THRESHOLD_', 'MALLOC_MMAP_MAX_',
+                      'MALLOC_TOP_PAD_', 'LD_PRELOAD')
+
+
+def allocator_settings() -> Dict[str, str]:
+    """The ALLOCATOR_SETTINGS variables set in this process's environment."""
+    return {name: os.environ[name] for name in ALLOCATOR_SETTINGS
+            if os.environ.get(name)}
+
+
 def environment(device: torch.device) -> dict:
     env = dict(
         time=datetime.datetime.now().isoformat(timespec='seconds'),
@@ -514,7 +528,8 @@ def environment(device: torch.device) -> dict:
         torch=torch.__version__, threads=torch.get_num_threads(),
         interop_threads=torch.get_num_interop_threads(),
         cpu_count=os.cpu_count(), device=str(device),
-        mkldnn=torch.backends.mkldnn.is_available())
+        mkldnn=torch.backends.mkldnn.is_available(),
+        allocator=allocator_settings())
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:

@@ -273,6 +273,20 @@ def _spread(low_high) -> str:
         f' ({low_high[0]:.2f}-{low_high[1]:.2f})'
 
 
+def allocator_line(env: dict) -> Optional[str]:
+    """The memory-allocator settings the run had, when it had any: they
+    decide how many page faults a CPU step takes, so such a run's ratios
+    compare with other runs under the same settings only."""
+    settings = env.get('allocator')
+    if not settings:
+        return None
+    named = ', '.join(f'`{k}={v}`' for k, v in sorted(settings.items()))
+    return (f'- Memory allocator settings: {named}. They change how much '
+            f'freed memory the process keeps, and so the page faults and '
+            f'step times of every row; compare this run only with runs '
+            f'under the same settings.')
+
+
 def markdown(report: dict) -> str:
     env, cal = report['environment'], report['calibration']
     cal.setdefault('all_gflops', [cal['peak_gflops']])
@@ -291,6 +305,9 @@ def markdown(report: dict) -> str:
         f"fastest {cal['peak_gflops']:.1f} GFLOP/s, slowest "
         f"{min(cal['all_gflops']):.1f} of {len(cal['all_gflops'])} "
         f"measured during the run; \"% of matmul\" is against the fastest."]
+    allocator = allocator_line(env)
+    if allocator:
+        lines.append(allocator)
     warning = busy_warning(report)
     if warning:
         lines[2:2] = [warning, '']
