@@ -612,11 +612,9 @@ def test_inference_latency_ratio_paired_round_by_round():
 def test_allocator_settings_are_recorded_and_reported(monkeypatch):
     """A run under malloc settings that keep freed memory takes other page
     faults than one under the default: the report says which it was."""
-    from posmlp_dense.bench.measure import environment
+    from posmlp_dense.bench.measure import ALLOCATOR_SETTINGS, environment
     from posmlp_dense.bench.report import allocator_line
-    for name in ('GLIBC_TUNABLES', 'MALLOC_MMAP_THRESHOLD_',
-                 'MALLOC_TRIM_THRESHOLD_', 'MALLOC_MMAP_MAX_',
-                 'MALLOC_TOP_PAD_', 'LD_PRELOAD'):
+    for name in ALLOCATOR_SETTINGS:
         monkeypatch.delenv(name, raising=False)
     env = environment(torch.device('cpu'))
     assert env['allocator'] == {}
