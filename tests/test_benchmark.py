@@ -626,3 +626,51 @@ def test_allocator_settings_are_recorded_and_reported(monkeypatch):
     line = allocator_line(env)
     assert f'`GLIBC_TUNABLES={tunables}`' in line
     assert allocator_line({}) is None  # a report from before the field
+
+
+def test_keep_freed_memory_runs_again_in_a_child_process(bench, tmp_path):
+    """--keep-freed-memory: glibc reads its tunables when a process starts,
+    so the run happens in a child started with them; its report (returned
+    here) records them, says so in its Markdown, and measures no memory
+    unless asked (a process that keeps freed memory hides a step's
+    needs)."""
+    import platform
+    from posmlp_dense.bench.measure import KEEP_FREED_MEMORY
+    if platform.libc_ver()[0] != 'glibc':
+        pytest.skip('glibc tunables only')
+    out = tmp_path / 'kept.json'
+    report = bench.main([
+        '--device', 'cpu', '--training-only', '--keep-freed-memory',
+        '--posmlp-arch', json.dumps(ARCH), '--train-models', 'posmlp_t',
+        '--train-shapes', 'x'.join(map(str, TRAIN_SHAPE)),
+        '--train-cp', 'off', '--detectors', 'none', '--train-repeats', '1',
+        '--train-warmup', '0', '--calib-size', '256', '--out', str(out)])
+    assert report == json.loads(out.read_text())
+    tunables = report['environment']['allocator']['GLIBC_TUNABLES']
+    assert all(t in tunables.split(':') for t in KEEP_FREED_MEMORY)
+    (row,) = report['training']
+    assert row['model'] == 'posmlp_t' and row['median_s'] > 0
+    assert row['memory'] == 'none' and row.get('peak_mb') is None
+    assert 'Memory allocator settings' in (tmp_path / 'kept.md').read_text()
+
+
+def test_keeping_freed_memory_adds_to_other_tunables(monkeypatch):
+    from posmlp_dense.bench.measure import (
+        KEEP_FREED_MEMORY, environment_keeping_freed_memory,
+        keeps_freed_memory)
+    import platform
+    if platform.libc_ver()[0] != 'glibc':
+        pytest.skip('glibc tunables only')
+    monkeypatch.setenv('GLIBC_TUNABLES', 'glibc.malloc.mmap_threshold=1:'
+                       'glibc.malloc.tcache_count=0')
+    assert not keeps_freed_memory()
+    env = environment_keeping_freed_memory()
+    # ours replace a setting of the same name; others stay
+    assert env['GLIBC_TUNABLES'].split(':') == [
+        'glibc.malloc.tcache_count=0', *KEEP_FREED_MEMORY]
+    monkeypatch.setenv('GLIBC_TUNABLES', env['GLIBC_TUNABLES'])
+    assert keeps_freed_memory()
+    # another C library would ignore the tunables: refused, by name
+    monkeypatch.setattr(platform, 'libc_ver', lambda: ('', ''))
+    with pytest.raises(RuntimeError, match="needs glibc's malloc"):
+        environment_keeping_freed_memory()

@@ -43,9 +43,13 @@ Examples::
     python tools/benchmark.py --sizes 800x1333 --batches 1 --modes fwd \\
         --models posmlp_t,swin_t,published_port --repeats 5 --no-training
     python tools/benchmark.py --training-only --train-shapes 2x512x512
+    python tools/benchmark.py --training-only --keep-freed-memory
 
 The benchmark changes no process-wide numeric setting (no flushing of
-subnormal floats, no TF32 switches, torch's default thread count).
+subnormal floats, no TF32 switches, torch's default thread count). Only
+``--keep-freed-memory`` changes the process it measures in: it runs the
+command again in a child whose glibc malloc keeps freed memory, and the
+report records that.
 """
 from __future__ import annotations
 
@@ -53,6 +57,8 @@ import argparse
 import gc
 import json
 import os
+import subprocess
+import sys
 import time
 from typing import List, Optional, Tuple
 
@@ -60,7 +66,8 @@ import torch
 
 from posmlp_dense.bench.inference import MacCounter, run_scaling, run_settings
 from posmlp_dense.bench.measure import (
-    MEMORY_METHODS, MODES, PeakMemory, environment, fit_exponent, log,
+    MEMORY_METHODS, MODES, PeakMemory, environment,
+    environment_keeping_freed_memory, fit_exponent, keeps_freed_memory, log,
     make_input, matmul_calibration, size_name)
 from posmlp_dense.bench.models import ALL_MODELS, build_models, count_params
 from posmlp_dense.bench.published_port import port_check
@@ -206,6 +213,14 @@ def parse_args(argv=None):
                    help='peak memory of the training rows: in a fresh '
                         'process per row, in the timing process, or not at '
                         'all (auto: fresh on CPU, inprocess on CUDA)')
+    p.add_argument('--keep-freed-memory', action='store_true',
+                   help='run in a child process whose malloc keeps freed '
+                        'memory (glibc tunables, Linux): no step pays page '
+                        'faults for fresh memory, as on a GPU with its '
+                        'caching allocator, and the times are steadier. '
+                        'Memory figures then show only what a process had '
+                        'to add (--train-memory defaults to none): take '
+                        'them from a run without this flag')
     p.add_argument('--posmlp-arch', help='JSON dict: custom arch for posmlp_t '
                    'and the published port (for tests)')
     p.add_argument('--device', default='auto', choices=('auto', 'cpu',
@@ -235,6 +250,25 @@ def parse_args(argv=None):
     if not args.from_json:
         args.out = output_path(args.out, p.error)
     return args
+
+
+def run_keeping_freed_memory(argv, out: str) -> dict:
+    """This command again, in a child process started with malloc
+    settings that keep freed memory (they take effect at a process's
+    start only); returns the child's report."""
+    try:
+        env = environment_keeping_freed_memory()
+    except RuntimeError as e:
+        raise SystemExit(f'--keep-freed-memory: {e}') from None
+    argv = sys.argv[1:] if argv is None else list(argv)
+    log(f'running again with GLIBC_TUNABLES={env["GLIBC_TUNABLES"]}')
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), *argv],
+                          env=env)
+    if done.returncode:
+        raise SystemExit(f'the run with --keep-freed-memory failed (exit '
+                         f'status {done.returncode})')
+    with open(out) as f:
+        return json.load(f)
 
 
 def output_path(out: str, error) -> str:
@@ -313,6 +347,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.from_json:
         return rewrite_from_json(args.from_json, not args.no_chart)
+    if args.keep_freed_memory and not keeps_freed_memory():
+        return run_keeping_freed_memory(argv, args.out)
     start = time.perf_counter()
     device = choose_device(args.device)
     inference = not args.training_only
@@ -331,6 +367,7 @@ def main(argv=None) -> dict:
                             'model') if scaling_sizes else []
     cases = training_cases(args)
     train_memory = args.train_memory if args.train_memory != 'auto' else (
+        'none' if args.keep_freed_memory else
         'inprocess' if device.type == 'cuda' else 'fresh')
     posmlp_arch = json.loads(args.posmlp_arch) if args.posmlp_arch else None
     mem_interval = args.mem_interval_ms / 1e3

@@ -521,6 +521,37 @@ def allocator_settings() -> Dict[str, str]:
             if os.environ.get(name)}
 
 
+# glibc tunables under which malloc keeps freed memory in the process: no
+# block is ever handed back to the OS (mmap only above 4 GiB, trimming only
+# above 64 GiB), so a step reuses its predecessor's pages and takes no page
+# faults, as a GPU's caching allocator reuses its blocks. Read by glibc when
+# a process starts, so they apply to a new process only.
+KEEP_FREED_MEMORY = ('glibc.malloc.mmap_threshold=4294967296',
+                     'glibc.malloc.trim_threshold=68719476736')
+
+
+def keeps_freed_memory() -> bool:
+    """Whether this process was started with KEEP_FREED_MEMORY."""
+    current = os.environ.get('GLIBC_TUNABLES', '').split(':')
+    return all(t in current for t in KEEP_FREED_MEMORY)
+
+
+def environment_keeping_freed_memory() -> Dict[str, str]:
+    """This process's environment with KEEP_FREED_MEMORY added to
+    GLIBC_TUNABLES (other tunables kept), for a child process. Raises where
+    the C library is not glibc, which would ignore them."""
+    if platform.libc_ver()[0] != 'glibc':
+        raise RuntimeError(
+            'keeping freed memory needs glibc\'s malloc (Linux); this '
+            f'Python runs on {platform.libc_ver()[0] or "another C library"}')
+    env = dict(os.environ)
+    current = [t for t in env.get('GLIBC_TUNABLES', '').split(':') if t]
+    names = {t.split('=')[0] for t in KEEP_FREED_MEMORY}
+    kept = [t for t in current if t.split('=')[0] not in names]
+    env['GLIBC_TUNABLES'] = ':'.join(kept + list(KEEP_FREED_MEMORY))
+    return env
+
+
 def environment(device: torch.device) -> dict:
     env = dict(
         time=datetime.datetime.now().isoformat(timespec='seconds'),
