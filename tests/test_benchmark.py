@@ -674,3 +674,39 @@ def test_keeping_freed_memory_adds_to_other_tunables(monkeypatch):
     monkeypatch.setattr(platform, 'libc_ver', lambda: ('', ''))
     with pytest.raises(RuntimeError, match="needs glibc's malloc"):
         environment_keeping_freed_memory()
+
+
+def test_verdict_names_a_gap_in_page_faults():
+    """On a CPU with glibc's default malloc one model may pay page faults
+    the other does not (and no GPU pays): past PAGE_FAULT_GAP per call the
+    verdict says the time ratio holds them, in training and in inference;
+    without counts, or with close ones, it says nothing of them."""
+    from posmlp_dense.bench.report import (PAGE_FAULT_GAP, target_lines,
+                                           training_targets, verdict)
+
+    def step(model, faults):
+        return dict(kind='backbone', model=model, shape=[2, 64, 64],
+                    with_cp=False, times=[1.0, 1.0, 1.0], median_s=1.0,
+                    min_s=1.0, page_faults=faults)
+
+    def call(model, faults):
+        return dict(model=model, size=[800, 1333], batch=1, mode='fwd',
+                    times=[1.0, 1.0, 1.0], median_s=1.0, min_s=1.0,
+                    peak_mem_mb=None, page_faults=faults)
+    named = 'are part of the time ratio'
+    for posmlp, swin, says in ((3, 113152, True),
+                               (PAGE_FAULT_GAP, 0, True),
+                               (0, PAGE_FAULT_GAP - 1, False),
+                               (50000, 45000, False),
+                               (None, 113152, False)):
+        (train,) = training_targets([step('posmlp_t', posmlp),
+                                     step('swin_t', swin)])
+        (infer,) = target_lines(dict(results=[
+            call('posmlp_t', posmlp), call('swin_t', swin)]))[
+                'posmlp_vs_swin']
+        for entry in (train, infer):
+            text = verdict(entry)
+            assert (named in text) == says, (posmlp, swin, text)
+            if says:
+                assert f'{posmlp:,} (PosMLP-T) against {swin:,} (Swin-T)' \
+                    in text
