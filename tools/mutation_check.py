@@ -241,6 +241,13 @@ MUTATIONS: List[Mutation] = [
         'resource.RUSAGE_SELF).ru_majflt',
         ('tests/test_benchmark.py', '-k', 'outside_the_memory')),
     Mutation(
+        "benchmark's verdict: the page-fault gap taken without its sign "
+        "(only PosMLP-T's excess named)",
+        'posmlp_dense/bench/report.py',
+        'abs(faults[0] - faults[1]) >= PAGE_FAULT_GAP',
+        'faults[0] - faults[1] >= PAGE_FAULT_GAP',
+        ('tests/test_benchmark.py', '-k', 'gap_in_page_faults')),
+    Mutation(
         'command-line sizes: a zero size accepted',
         'posmlp_dense/cli_sizes.py',
         'p.isascii() and p.isdigit() and int(p) > 0 for p in parts',
