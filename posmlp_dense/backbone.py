@@ -17,20 +17,20 @@ from .downsample import ConvDownsample
 from .gates import GQPE, LRPE, SGU
 from .stem import ConvStem
 from .forward_mode import ForwardMode, decide_forward_mode
-from .windows import PaddedWindows, make_plan
-from .workspace import TrainingScratch, inference_workspace
+from .token_mixing import level_mixings
+from .windows import WindowGrid, window_grid
 
 
 # timm's convention for modules FX feature extraction does not trace into:
-# a level then runs eagerly inside the traced graph (its exact windows and
-# fast inference path, so FX outputs equal eager ones bit for bit).
+# a level then runs eagerly inside the traced graph, so FX outputs equal
+# eager ones bit for bit.
 @register_notrace_module
 class PosMLPLevel(nn.Module):
     """Optional downsampling, then blocks that mix tokens inside windows.
 
-    The map is cut into windows once, all blocks run on the window-ordered
-    token buffer, and the map is put back together at the end (with shifted
-    windows, odd blocks use a grid offset by half a window).
+    The blocks work on the (B, H, W, C) map; each cuts its gate's input
+    into windows for the mixing alone (windows.py). With shifted windows,
+    odd blocks use a grid offset by half a window.
     """
 
     def __init__(self, spec: LevelSpec, prev_dim: Optional[int], gate: str,
@@ -60,18 +60,11 @@ class PosMLPLevel(nn.Module):
             return ((0, 0),)
         return (0, 0), origin
 
-    def window_layouts(self, x: torch.Tensor, mode: ForwardMode) -> tuple:
-        """One window layout per block parity for the (B, H, W, C) map:
-        exact WindowPlans in eager modes, PaddedWindows in a graph."""
-        H, W = x.size(1), x.size(2)
-        if mode is ForwardMode.GRAPH:
-            return tuple(PaddedWindows(x, self.window, o)
-                         for o in self.grid_origins(H, W))
-        return self.window_plans(H, W)
-
-    def window_plans(self, height: int, width: int):
-        """The exact window plans (windows.py) of a map, per block parity."""
-        return tuple(make_plan(height, width, self.window, o)
+    def window_grids(self, height, width, gathers: bool = False
+                     ) -> Tuple[WindowGrid, ...]:
+        """The window grids (windows.py) of a map, one per block parity;
+        ``gathers`` in a captured graph (see WindowGrid)."""
+        return tuple(window_grid(height, width, self.window, o, gathers)
                      for o in self.grid_origins(height, width))
 
     def forward(self, x: torch.Tensor,
@@ -80,37 +73,24 @@ class PosMLPLevel(nn.Module):
         by PosMLP.forward (forward_mode.py); None (a level called on its own,
         or as an FX leaf) decides it here."""
         if mode is None:
-            mode = decide_forward_mode(x, self.training)
+            mode = decide_forward_mode(x)
         if hasattr(self, 'pool'):
             x = self.pool(x)
         if len(self.encoder) == 0:
             return x
-        B = x.shape[0]
-        layouts = self.window_layouts(x, mode)
-        current = layouts[0]
-        # INFERENCE: the blocks share scratch buffers and update the token
-        # buffer in place, so it must not be a view of the caller's map
-        workspace = inference_workspace(x.device) \
-            if mode is ForwardMode.INFERENCE else None
-        scratch = TrainingScratch() if mode is ForwardMode.AUTOGRAD else None
-        tokens = current.partition(x, fresh=True) if workspace is not None \
-            else current.partition(x)
-        for j, block in enumerate(self.encoder):
-            layout = layouts[j % len(layouts)]
-            if layout is not current:
-                tokens = layout.partition(current.reverse(tokens, B))
-                current = layout
-            if workspace is None and self.with_cp and tokens.requires_grad:
-                tokens = cp.checkpoint(block, tokens, layout, B,
-                                       use_reentrant=False)
-            elif mode is ForwardMode.AUTOGRAD:
-                # the blocks share their temporaries (workspace.py); the
-                # backward runs them in reverse, block 0 last
-                tokens = block(tokens, layout, B, scratch=scratch,
-                               last_backward=j == 0)
+        grids = self.window_grids(x.shape[1], x.shape[2], mode.graph)
+        # every block's mixing weights at once: they depend on the
+        # parameters and the window only
+        mixings = level_mixings([block.gate_unit for block in self.encoder],
+                                grids)
+        for j, (block, mixing) in enumerate(zip(self.encoder, mixings)):
+            grid = grids[j % len(grids)]
+            if self.with_cp and mode.autograd and x.requires_grad:
+                x = cp.checkpoint(block, x, grid, mixing, mode,
+                                  use_reentrant=False)
             else:
-                tokens = block(tokens, layout, B, workspace)
-        return current.reverse(tokens, B)
+                x = block(x, grid, mixing, mode)
+        return x
 
 
 class PosMLP(nn.Module):
@@ -303,7 +283,7 @@ class PosMLP(nn.Module):
 
     def forward_mode(self, x) -> ForwardMode:
         """How this forward runs (forward_mode.py); decided once per call."""
-        return decide_forward_mode(x, self.training)
+        return decide_forward_mode(x)
 
     def forward_intermediates(
             self, x: torch.Tensor,
@@ -325,10 +305,9 @@ class PosMLP(nn.Module):
                              f'{output_fmt!r}')
         take, last = feature_take_indices(len(self.levels), indices)
         mode = self.forward_mode(x)
-        if mode is not ForwardMode.GRAPH:
+        if not mode.graph:
             self.check_input(x)
-        x = self.patch_embed(x, in_place=mode is ForwardMode.INFERENCE
-                             and x.device.type == 'cpu')
+        x = self.patch_embed(x)
         if self.absolute_pos_embed is not None:
             x = x + self.position_embedding(x.shape[1:3])
         levels = self.levels[:last + 1] if stop_early else self.levels

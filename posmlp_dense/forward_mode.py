@@ -1,18 +1,16 @@
 """How a forward pass runs: decided once, in ``PosMLP.forward``, and passed
-down to the stem, the levels, the blocks and the gates.
+down to the stem, the levels and the blocks.
 
-* ``AUTOGRAD``: eager PyTorch whenever autograd may record the pass or the
-  model is training (so stochastic depth follows ``self.training`` whatever
-  the grad mode). Windows are cut at their real tokens (exact partial
-  windows, no padding, see windows.py); every op is out of place.
-* ``INFERENCE``: eager, eval mode, no autograd, no autocast. The same
-  computation as AUTOGRAD, but the blocks overwrite their own intermediates
-  and share scratch buffers (workspace.py): the fast path for CPU inference.
-* ``GRAPH``: a graph is being captured: ``torch.compile``, ``torch.export``
-  (and so ``torch.onnx.export(dynamo=True)``) or FX symbolic tracing. Input
-  sizes may be symbolic, so nothing may depend on their concrete values: the
-  map is padded to whole windows and the padded keys are masked out of the
-  mixing (windows.PaddedWindows). The graph then holds at every input size.
+There is one computation (block_pass.py); the mode only says how it is
+recorded and checked:
+
+* ``autograd``: autograd may record the pass (grad mode is on). The blocks
+  then run the lean training Function (block_function.py) where their gate
+  allows it, which keeps a third of the activations.
+* ``graph``: a graph is being captured (``torch.compile``, ``torch.export``
+  and so ``torch.onnx.export(dynamo=True)``, FX tracing). Input checks that
+  would read tensor values are skipped. Nothing in the model branches on
+  input sizes, so one captured graph holds at every size.
 
 TorchScript tracing (``torch.jit.trace``, and the legacy
 ``torch.onnx.export(dynamo=False)`` built on it) records sizes as constants,
@@ -20,16 +18,16 @@ so its graph would only hold at the traced size: it is refused.
 """
 from __future__ import annotations
 
-import enum
+from dataclasses import dataclass
 
 import torch
 import torch.fx
 
 
-class ForwardMode(enum.Enum):
-    AUTOGRAD = 'autograd'
-    INFERENCE = 'inference'
-    GRAPH = 'graph'
+@dataclass(frozen=True)
+class ForwardMode:
+    autograd: bool
+    graph: bool
 
 
 class UnsupportedExportError(RuntimeError):
@@ -50,13 +48,10 @@ def is_capturing_graph(x) -> bool:
     return isinstance(x, torch.fx.Proxy) or torch.compiler.is_compiling()
 
 
-def decide_forward_mode(x, training: bool) -> ForwardMode:
+def decide_forward_mode(x) -> ForwardMode:
+    """The mode of a forward on ``x``. (Stochastic depth and BatchNorm
+    follow the modules' ``training`` flag, whatever the mode.)"""
     if torch.jit.is_tracing():
         raise UnsupportedExportError(TRACING_REFUSED)
-    if is_capturing_graph(x):
-        return ForwardMode.GRAPH
-    if training or torch.is_grad_enabled() or torch.is_autocast_enabled(
-            x.device.type):
-        # (autocast: its casts would be bypassed by the out= forms)
-        return ForwardMode.AUTOGRAD
-    return ForwardMode.INFERENCE
+    return ForwardMode(autograd=torch.is_grad_enabled(),
+                       graph=is_capturing_graph(x))

@@ -25,21 +25,21 @@ def _grid(window: Tuple[int, int]):
     return ys.reshape(-1), xs.reshape(-1)
 
 
-def gqpe_offset_features(window: Tuple[int, int],
-                         generalized: bool = True) -> torch.Tensor:
-    """(N, N, 5) features (dx, dy, dx^2, dy^2, dx*dy) of every query/key pair.
+def gqpe_score_features(window: Tuple[int, int]) -> torch.Tensor:
+    """(N * N, 6) features of every query/key pair (query-major), against
+    which GQPE's score coefficients are a dot product (gates/gqpe.py):
 
-    With ``generalized=False`` (the isotropic GQPE) the features are
-    (dx, dy, dx^2 + dy^2), shape (N, N, 3).
+        (dx, dy, -dx^2 / 2, -dx dy / 2, -dy dx / 2, -dy^2 / 2)
+
+    the offsets' linear terms, then their quadratic ones in the order of a
+    flattened 2 x 2 matrix.
     """
     ys, xs = _grid(window)
     dx = (xs[None, :] - xs[:, None]).float()
     dy = (ys[:, None] - ys[None, :]).float()
-    if generalized:
-        feats = (dx, dy, dx * dx, dy * dy, dx * dy)
-    else:
-        feats = (dx, dy, dx * dx + dy * dy)
-    return torch.stack(feats, dim=-1)
+    feats = (dx, dy, -0.5 * dx * dx, -0.5 * dx * dy, -0.5 * dy * dx,
+             -0.5 * dy * dy)
+    return torch.stack(feats, dim=-1).reshape(-1, len(feats))
 
 
 def lrpe_relative_index(window: Tuple[int, int]) -> torch.Tensor:

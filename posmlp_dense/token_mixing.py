@@ -1,173 +1,135 @@
-"""Apply per-group token-mixing matrices to window-partitioned tokens.
+"""The gate's token mixing: every window of a level in one batched matmul.
 
-This is the hot loop of the model. For each run of windows of one class (see
-windows.py) the gate provides P (groups, n, n) and a per-query bias (n,), and
-the gated output is
+A gate gives, per block, mixing weights P (groups, N, N) over the N tokens
+of a whole window and a per-query bias (N,). The published gate output is
 
-    g[m, k] = (sum_n P[group(k)][m, n] * u[n, k] + bias[m]) * v[m, k]
+    g[m, k] = (sum_n P_{k % groups}[m, n] u[n, k] + bias[m]) * v[m, k]
 
-The gate's channels arrive group-major (channel g * channels_per_group + p;
-the block permutes its projections so, see GateUnit.group_major). The
-hidden values come in one of three layouts:
+for the halves u, v of the block's activated hidden channels, within each
+window. Here u is laid out window by window (windows.WindowGrid.to_windows:
+zero at padded tokens), so one ``bmm`` per block mixes all windows:
 
-* Channel-major (``mix_channel_major``; the lean training Function and
-  INFERENCE mode): a run's u is stored transposed, channel after channel,
-  each channel holding the run's windows one after another. A group's
-  channels are then one (V * windows, n) matrix, and the mixing of the whole
-  run is one batched matmul by P^T, with the bias added by the same call;
-  the product with v multiplies contiguous values.
-* Token-major (``mix_tokens``; autograd through each operation, the
-  reference the lean path is tested against): the token buffer stores a run
-  as (windows, n, channels). u is re-arranged into (groups, n + 1, windows *
-  channels_per_group), with a row of ones that carries the bias as an extra
-  column of P, and the product with v is written back in token order.
-* Padded windows (``mix_padded_windows``; a captured graph): the padded
-  keys are taken out of the mixing instead.
+    mixed = u_windows @ P^T                      (groups, rows, N)
+    g     = (scale * mixed + bias) * v           back in map order
 
-In INFERENCE mode (see forward_mode.py) the gated product is written over
-v, and the scratch buffers are reused from run to run.
+``scale`` makes partial windows exact for gates whose rows are a softmax
+over the window's keys (``GateUnit.normalizes_over_keys``): a padded key is
+zero, so it adds nothing to ``mixed``, and each row is renormalized over the
+real keys of its window by the factor ``key_scale`` computes. Gates whose
+weights are not normalized (LRPE, SGU) need no factor.
+
+The weights of all blocks of a level are computed together, in one stacked
+call per level (``level_mixings``): they depend on the gates' parameters and
+on the window only, never on the input.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
 
 import torch
 
-from .windows import PaddedWindows, WindowRun
-from .workspace import Workspace
-
-# key -> (groups, n, n + 1): the mixing matrices with the bias appended
-AugmentedMixingFn = Callable[[Tuple[int, int, int, int]], torch.Tensor]
+from .windows import WindowGrid
 
 
-def mix_tokens(u: torch.Tensor, v: torch.Tensor, runs: Sequence[WindowRun],
-               groups: int, mixing: AugmentedMixingFn) -> torch.Tensor:
-    """Gated token mixing of a (T, K) buffer; returns a (T, K) tensor.
+@dataclass
+class Mixing:
+    """One block's mixing operands on one window grid. ``bias`` and
+    ``scale`` are laid out per token of one sample's window layout
+    (windows.WindowGrid.to_windows: windows * N tokens), so that applying
+    them broadcasts over channels and samples only."""
+    weights: torch.Tensor              # (groups, N, N)
+    bias: torch.Tensor                 # (windows * N,)
+    scale: Optional[torch.Tensor]      # (groups, windows * N), or None
 
-    ``u`` and ``v`` are (T, K) (they may be strided halves of one tensor)
-    whose rows are the ``runs``, in order, and whose channels are
-    group-major: channel k belongs to group ``k // (K // groups)``.
-    """
-    K = u.shape[1]
-    per_group = K // groups
-    parts = []
-    for run, u_r, v_r in _run_views(u, v, runs, groups):
-        cols = _mixing_input(u_r)
-        mixed = torch.bmm(_matching_dtype(mixing(run.key), cols),
-                          cols.view(groups, run.n + 1, -1))
-        gated = torch.mul(v_r, _token_order(mixed, run, per_group))
-        parts.append(gated.view(run.rows, K))
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+    @property
+    def groups(self) -> int:
+        return self.weights.shape[0]
 
 
-def mix_channel_major(u: torch.Tensor, v: torch.Tensor, run: WindowRun,
-                      groups: int, mixing: AugmentedMixingFn,
-                      workspace: Workspace) -> torch.Tensor:
-    """INFERENCE mode, one run: the gated product of channel-major halves
-    u, v (K, run.rows), written over ``v`` and returned."""
-    u_rows, v_rows = group_rows(u, groups, run), group_rows(v, groups, run)
-    mixed = workspace.get('mixed', u_rows.shape, u)
-    v_rows.mul_(mix_rows(u_rows, mixing(run.key), out=mixed))
-    return v
+def key_scale(weights: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    """(..., groups, windows * N): 1 / (the sum of a query's weights over
+    its window's real keys), for weights (..., groups, N, N) whose full
+    rows sum to 1 and ``key_mask`` (windows * N,) of a window layout.
+    Padded queries get 0 (their output is dropped), through a denominator
+    of 1 there, so that no infinity reaches the gradients."""
+    n = weights.shape[-1]
+    lead = weights.shape[:-2]
+    flat = weights.reshape(-1, n, n)
+    # the mask's windows as the rows of one matmul per (block, group). (In
+    # twice: a tensor whose rows are a bare window count would make the
+    # tracer guard on whether the count is 1; the copy's rows are ignored.)
+    twice = torch.cat([key_mask, key_mask]).view(1, -1, n)
+    real_sum = torch.bmm(twice.expand(flat.shape[0], -1, -1),
+                         flat.transpose(1, 2))
+    real_sum = real_sum.view(flat.shape[0], -1)[:, :key_mask.shape[0]]
+    return key_mask / (real_sum.reshape(*lead, -1) + (1 - key_mask))
 
 
-def group_rows(block: torch.Tensor, groups: int, run: WindowRun
-               ) -> torch.Tensor:
-    """A run's channel-major (K, run.rows) block -> (groups, V * windows,
-    n): each row one channel of one window."""
-    return block.view(groups, -1, run.n)
+def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
+                  ) -> List[Mixing]:
+    """The mixing operands of a level's blocks: block j uses gate
+    ``gates[j]`` on grid ``grids[j % len(grids)]``. Computed in float32
+    whatever autocast says (softmax scores need its range)."""
+    device = next(gates[0].parameters()).device
+    with torch.autocast(device.type, enabled=False):
+        kind = type(gates[0])
+        if all(type(g) is kind for g in gates):
+            weights, bias = kind.stacked_weights(gates)
+        else:  # mixed gate types: each computes its own
+            parts = [type(g).stacked_weights([g]) for g in gates]
+            weights = torch.cat([w for w, _ in parts])
+            bias = torch.cat([b for _, b in parts])
+        biases: List[torch.Tensor] = [None] * len(gates)
+        scales: List[Optional[torch.Tensor]] = [None] * len(gates)
+        for parity, grid in enumerate(grids):
+            chosen = range(parity, len(gates), len(grids))
+            tiled = bias[parity::len(grids)].index_select(
+                1, grid.position_in_window(bias.device))
+            for j, b in zip(chosen, tiled):
+                biases[j] = b
+            if not any(gates[j].normalizes_over_keys for j in chosen):
+                continue
+            mask = grid.key_mask(weights)
+            per_block = key_scale(weights[parity::len(grids)], mask)
+            for j, scale in zip(chosen, per_block):
+                if gates[j].normalizes_over_keys:
+                    scales[j] = scale
+    return [Mixing(weights[j], biases[j], scales[j])
+            for j in range(len(gates))]
 
 
-def mix_rows(u: torch.Tensor, augmented: torch.Tensor,
-             out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """u P^T + bias for channel-major u (groups, rows, n), whose rows are
-    one channel of one window each; ``augmented`` (groups, n, n + 1) is P
-    with the bias appended."""
-    n = u.shape[-1]
-    augmented = _matching_dtype(augmented, u)
-    return torch.baddbmm(augmented[:1, :, n].unsqueeze(1), u,
-                         augmented[..., :n].transpose(1, 2), out=out)
+def mix(u: torch.Tensor, mixing: Mixing, grid: WindowGrid) -> torch.Tensor:
+    """(K, B, H, W) channel-major u -> (groups, K/groups * B * windows, N):
+    the weighted sums over each window's keys, before scale and bias."""
+    windows = grid.to_windows(u, mixing.groups)
+    return torch.bmm(windows, mixing.weights.to(windows.dtype).transpose(1, 2))
 
 
-def mix_padded_windows(u: torch.Tensor, v: torch.Tensor,
-                       windows: PaddedWindows, groups: int,
-                       weights: torch.Tensor, bias: torch.Tensor,
-                       normalize: bool) -> torch.Tensor:
-    """Gated token mixing over padded full windows (a captured graph).
-
-    ``weights`` (groups, n, n) and ``bias`` (n,) are the full window's. The
-    padded keys are taken out: u is zeroed there, and with ``normalize``
-    (GQPE) ``weights`` are unnormalized softmax numerators whose rows are
-    divided by their sum over each window's real keys, which is the softmax
-    over the real keys. Outputs at padded queries are garbage, cropped later.
-    """
-    T, K = u.size(0), u.size(1)
-    n = windows.n
-    per_group = K // groups
-    mask = windows.token_mask.to(u.dtype)                       # (T, 1)
-    # Channels-major layout (groups, per_group, T): every view below merges
-    # or splits dimensions that are never a bare window count. (A tensor
-    # with a dimension of "windows" makes the tracer guard that it is not 1,
-    # which would refuse maps that fit one window.)
-    # where, not a product: a padded token may hold inf/NaN (see below)
-    real = _contiguous(torch.where(mask > 0, u, torch.zeros_like(u)).t())
-    rows = real.view(groups, per_group, T)
-    if normalize:
-        # one more row per group carries the key mask: the same matmul then
-        # sums each query's weights over its window's real keys
-        rows = torch.cat([rows, mask.view(1, 1, T).expand(groups, 1, T)],
-                         dim=1)
-    width = rows.size(1)
-    # (an unconditional cast: no branch on dtypes, which FX cannot trace)
-    mixed = torch.bmm(rows.view(groups, -1, n),
-                      weights.transpose(1, 2).to(rows.dtype))
-    mixed = mixed.view(groups, width, T)
-    if normalize:
-        # A padded query far from every real key of its window can have all
-        # of its weight on padded keys: a zero sum. Its output is cropped,
-        # but a 0/0 there would be NaN, which reaches the next block's
-        # padded tokens and, in training, the gradients (0 * inf). The floor
-        # binds only for such queries: a real query's sum includes its own
-        # weight exp(-shift) (GQPE.full_window_weights), far above the floor
-        # unless its row's top score exceeds ~140.
-        mixed = mixed[:, :per_group] / mixed[:, per_group:].clamp_min(
-            torch.finfo(mixed.dtype).tiny)
-    mixed = mixed.reshape(K, T) + bias.to(mixed.dtype)[
-        windows.position_in_window]
-    return v * mixed.t()
+def finish(mixed: torch.Tensor, mixing: Mixing, grid: WindowGrid,
+           batch) -> torch.Tensor:
+    """``mix``'s result -> (K, B, H, W): scaled, biased, in map order."""
+    per_sample = split_tokens(mixed, grid)
+    bias = mixing.bias.to(mixed.dtype)
+    if mixing.scale is None:
+        out = per_sample + bias
+    else:
+        out = torch.addcmul(bias, per_sample,
+                            mixing.scale.to(mixed.dtype).unsqueeze(1))
+    return grid.to_map(out.view(out.shape[0], -1).view(mixed.shape), batch)
 
 
-def _contiguous(x: torch.Tensor) -> torch.Tensor:
-    return torch.clone(x, memory_format=torch.contiguous_format)
+def split_tokens(rows: torch.Tensor, grid: WindowGrid) -> torch.Tensor:
+    """(groups, rows, N) in the window layout -> (groups, K/groups * B,
+    windows * N): each sample's tokens along the last dimension, where
+    ``Mixing.bias`` and ``Mixing.scale`` apply. (Merged first, then split:
+    a reshape that regroups a window count directly makes a tracer guard
+    on whether it is 1.)"""
+    return rows.view(rows.shape[0], -1).view(rows.shape[0], -1,
+                                             grid.padded_tokens)
 
 
-def _run_views(u, v, runs, groups):
-    """(run, u block, v block) per run, blocks (windows, n, groups, V)."""
-    per_group = u.shape[1] // groups
-    # split, not slicing: its backward concatenates the blocks' gradients
-    # instead of zero-filling a full-size gradient for every block
-    rows = [run.rows for run in runs]
-    for run, u_r, v_r in zip(runs, u.split(rows), v.split(rows)):
-        shape = (run.windows, run.n, groups, per_group)
-        yield run, u_r.view(shape), v_r.view(shape)
-
-
-def _mixing_input(u_r, out=None):
-    """(groups, n + 1, windows, V): u per group, then a row of ones."""
-    windows, _, groups, per_group = u_r.shape
-    ones = u_r.new_ones(()).expand(groups, 1, windows, per_group)
-    if out is None:
-        return torch.cat([u_r.permute(2, 1, 0, 3), ones], dim=1)
-    return torch.cat([u_r.permute(2, 1, 0, 3), ones], dim=1, out=out)
-
-
-def _matching_dtype(weights, cols):
-    # e.g. fp32 matrices, bf16 tokens under autocast
-    return weights if weights.dtype == cols.dtype else weights.to(cols.dtype)
-
-
-def _token_order(mixed, run, per_group):
-    """(groups, n, windows * V) matmul result -> (windows, n, groups, V)."""
-    groups = mixed.shape[0]
-    return mixed.view(groups, run.n, run.windows, per_group).permute(
-        2, 1, 0, 3)
+def gated_mixing(u: torch.Tensor, v: torch.Tensor, mixing: Mixing,
+                 grid: WindowGrid) -> torch.Tensor:
+    """The gate's output (PosMap(u) * v) for (K, B, H, W) halves u, v."""
+    return finish(mix(u, mixing, grid), mixing, grid, u.shape[1]) * v

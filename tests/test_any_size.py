@@ -7,11 +7,9 @@ import pytest
 import torch
 
 from posmlp_dense import PosMLP, create_posmlp_classifier, load_pretrained
-from posmlp_dense.gates import GateUnit
 from posmlp_dense.relative_position import (infer_window, resize_position_bias,
                                             resize_relative_table)
-from posmlp_dense import workspace as workspace_module
-from posmlp_dense.windows import axis_segments, make_plan
+from posmlp_dense.windows import window_grid
 
 from conftest import TINY_ARCH, fixture_arch, fixture_path, randomize_
 from reference import padded_masked_level, per_window_forward_levels
@@ -75,23 +73,62 @@ def test_shifted_windows_equal_per_window_reference(gate):
 
 def test_published_sizes_need_no_partial_windows():
     for size, window in ((56, 14), (28, 14), (14, 14), (7, 7)):
-        plan = make_plan(size, size, (window, window))
-        assert plan.exact and len(plan.classes) == 1
-    plan = make_plan(50, 84, (14, 14))
-    assert not plan.exact
-    assert sorted(c.key for c in plan.classes) == [(0, 8, 0, 14),
-                                                   (0, 14, 0, 14)]
+        grid = window_grid(size, size, (window, window))
+        assert grid.padding() == (0, 0, 0, 0)
+    grid = window_grid(50, 84, (14, 14))
+    assert grid.padding() == (0, 0, 0, 6) and (grid.rows, grid.cols) == (4, 6)
 
 
-def test_axis_segments_cover_the_axis():
+def test_window_spans_cover_the_axis():
     for length in range(1, 40):
         for window in (1, 5, 7, 14):
             for origin in range(window):
-                segs = axis_segments(length, window, origin)
-                covered = sum(s.count * s.size for s in segs)
-                assert covered == length
-                assert all(0 < s.size and s.offset + s.size <= window
-                           for s in segs)
+                grid = window_grid(length, 3, (window, 3), (origin, 0))
+                spans = grid.spans(0)
+                assert spans[0][0] == 0 and spans[-1][1] == length - 1
+                assert all(b[0] == a[1] + 1 for a, b in zip(spans, spans[1:]))
+                assert all(0 <= last - first < window for first, last in spans)
+                if origin:  # the leading window holds the first tokens
+                    assert spans[0][1] == min(origin, length) - 1
+
+
+@pytest.mark.parametrize('gathers', [False, True], ids=['views', 'gathers'])
+@pytest.mark.parametrize('size,window,origin', [
+    ((17, 29), (7, 7), (0, 0)), ((14, 28), (14, 14), (0, 0)),
+    ((5, 3), (14, 14), (0, 0)), ((23, 31), (7, 5), (3, 2))])
+def test_window_layout_round_trip_and_key_mask(size, window, origin,
+                                               gathers):
+    """to_windows puts each window's tokens in one row of N, zero-padded,
+    group by group; to_map brings them back; key_mask marks the real ones.
+    Views (eager) and gathers (captured graphs) give the same layout, bit
+    for bit."""
+    grid = window_grid(*size, window, origin, gathers=gathers)
+    groups, per_group, batch = 3, 2, 2
+    t = torch.randn(groups * per_group, batch, *size)
+    rows = grid.to_windows(t, groups)
+    n_windows = grid.rows * grid.cols
+    assert rows.shape == (groups, per_group * batch * n_windows,
+                          window[0] * window[1])
+    assert torch.equal(grid.to_map(rows, batch), t)
+    mask = grid.key_mask(t).view(n_windows, -1)
+    assert mask.shape == (n_windows, window[0] * window[1])
+    assert int(mask.sum()) == size[0] * size[1]
+    padded = rows.view(groups, per_group, batch, n_windows, -1)
+    assert (padded * (1 - mask)).abs().sum() == 0
+    # channel k is in group k % groups (the published order)
+    k = 4
+    first_window = rows.view(groups, per_group, batch, n_windows, -1)[
+        k % groups, k // groups, 0, 0]
+    top, left = grid.top, grid.left
+    wh, ww = window
+    expected = torch.zeros(wh, ww)
+    h = min(wh - top, size[0])
+    w = min(ww - left, size[1])
+    expected[top:top + h, left:left + w] = t[k, 0, :h, :w]
+    assert torch.equal(first_window, expected.view(-1))
+    other = window_grid(*size, window, origin, gathers=not gathers)
+    assert torch.equal(other.to_windows(t, groups), rows)
+    assert torch.equal(other.to_map(rows, batch), t)
 
 
 @pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
@@ -186,49 +223,26 @@ def test_released_checkpoint_loads_into_other_windows():
                                        for k in report.missing)
 
 
-# ------------------------------------------------------------------ caching
-def _count_mixing_calls(monkeypatch):
-    """Count the gates' computations of mixing matrices (GateUnit._augmented,
-    with or without autograd)."""
+# ----------------------------------------------- one computation per level
+def test_mixing_weights_are_computed_once_per_level(monkeypatch):
+    """A level computes all its blocks' mixing weights in one stacked call,
+    in every mode."""
+    from posmlp_dense.gates import PoSGU
     calls = []
-    original = GateUnit._augmented
+    original = PoSGU.stacked_weights.__func__
 
-    def counted(self, *args, **kwargs):
-        calls.append(1)
-        return original(self, *args, **kwargs)
-    monkeypatch.setattr(GateUnit, '_augmented', counted)
-    return calls
-
-
-def test_eval_mode_caches_mixing_until_parameters_change(monkeypatch):
+    def counted(cls, gates):
+        calls.append(len(gates))
+        return original(cls, gates)
+    monkeypatch.setattr(PoSGU, 'stacked_weights', classmethod(counted))
     model = _model('gqpe')
-    calls = _count_mixing_calls(monkeypatch)
     x = torch.randn(1, 3, 100, 150)
     with torch.no_grad():
-        first = model(x)
-        n_first = len(calls)
-        assert n_first > 0
-        second = model(x)
-    assert len(calls) == n_first  # served from the cache
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
-    # an optimizer step changes parameters: matrices are recomputed
-    model.train()
-    loss = sum(o.mean() for o in model(x))
-    loss.backward()
-    torch.optim.SGD(model.parameters(), lr=1.0).step()
-    model.eval()
-    calls.clear()
-    with torch.no_grad():
-        third = model(x)
-    assert len(calls) == n_first
-    assert not torch.equal(third[0], first[0])
-    # in-place edits of a parameter invalidate too
-    calls.clear()
-    with torch.no_grad():
-        model.levels[0].encoder[0].gate_unit.pos.attention_centers.add_(0.5)
         model(x)
-    # only the changed block recomputes, once per window class of its map
-    assert len(calls) == len(make_plan(25, 38, (14, 14)).classes) == 4
+    assert calls == list(TINY_ARCH['depths'])
+    calls.clear()
+    sum(o.sum() for o in model.train()(x)).backward()
+    assert calls == list(TINY_ARCH['depths'])
 
 
 def test_gradients_flow_in_eval_mode_with_grad_enabled():
@@ -256,83 +270,7 @@ def _assert_inference_equals_autograd(model):
 
 @pytest.mark.parametrize('gate', ['gqpe', 'lrpe', 'sgu'])
 def test_inference_path_equals_autograd_path(gate):
-    """Without autograd the GELU and gating run in place, through scratch
-    buffers; with it, out of place. Both must compute the same thing."""
-    _assert_inference_equals_autograd(_model(gate))
-
-
-@pytest.mark.parametrize('strip_bytes', [1, 3000, 20000, 1 << 30])
-@pytest.mark.parametrize('shape', [(2, 3, 113, 67), (1, 3, 64, 64),
-                                   (1, 3, 5, 9), (3, 3, 2, 7), (1, 3, 1, 1)])
-def test_stem_inference_path_is_exact(monkeypatch, strip_bytes, shape):
-    """In inference the stem makes its stride-2 map in strips of rows
-    (from one row to the whole map here, at odd and even heights) and
-    normalizes and activates each conv output in place. It must compute what
-    the plain module calls compute, up to the convs' rounding, and leave the
-    caller's image alone."""
-    import posmlp_dense.stem as stem_module
-    monkeypatch.setattr(stem_module, 'STEM_STRIP_BYTES', strip_bytes)
-    torch.manual_seed(0)
-    model = _model('gqpe')
-    stem = model.patch_embed
-    for norm in stem.norms:  # eval BatchNorms with non-trivial statistics
-        norm.running_mean.normal_()
-        norm.running_var.uniform_(0.5, 2.0)
-    x = torch.randn(*shape)
-    original = x.clone()
-    with torch.no_grad():
-        fast = stem(x, in_place=True)
-    with torch.enable_grad():
-        plain = stem(x.clone().requires_grad_()).detach()
-    assert torch.equal(x, original)
-    assert fast.shape == (shape[0], *stem.output_size(*shape[2:]),
-                          stem.projs[2].out_channels)
-    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
-
-
-def test_stem_without_running_statistics_normalizes_the_whole_map(
-        monkeypatch):
-    """A BatchNorm without running statistics normalizes with the batch's:
-    per strip they would differ, so such a stem makes the map whole."""
-    import posmlp_dense.stem as stem_module
-    monkeypatch.setattr(stem_module, 'STEM_STRIP_BYTES', 1)
-    torch.manual_seed(0)
-    stem = _model('gqpe').patch_embed
-    stem.norms[1] = torch.nn.BatchNorm2d(
-        stem.norms[1].num_features, eps=1e-6, track_running_stats=False)
-    x = torch.randn(1, 3, 40, 24)
-    with torch.no_grad():
-        fast = stem(x, in_place=True)
-        plain = stem(x)
-    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize('max_rows', [None, 1, 7, 300])
-def test_runs_cover_the_token_buffer_in_order(max_rows):
-    for (h, w), shift in [((17, 29), (0, 0)), ((40, 33), (0, 0)),
-                          ((23, 31), (3, 2))]:
-        plan = make_plan(h, w, (7, 7), shift)
-        runs = plan.runs(2, max_rows)
-        start = 0
-        for run in runs:
-            assert run.start == start and run.windows >= 1
-            assert run.rows <= max(max_rows or run.rows, run.n)
-            start += run.rows
-        assert start == plan.num_tokens(2)
-        # every window of every class, in class order
-        per_class = {}
-        for run in runs:
-            per_class[run.key] = per_class.get(run.key, 0) + run.windows
-        assert list(per_class) == [c.key for c in plan.classes]
-        assert list(per_class.values()) == [2 * c.windows_per_sample
-                                            for c in plan.classes]
-
-
-@pytest.mark.parametrize('max_rows', [None, 1, 150])
-@pytest.mark.parametrize('gate', ['gqpe', 'sgu'])
-def test_inference_in_runs_equals_autograd_path(monkeypatch, gate, max_rows):
-    """CPU inference works through each level in runs of windows (one
-    window per run with max_rows=1; whole classes with None, as on GPUs);
-    the run length must not change the result."""
-    monkeypatch.setattr(workspace_module, 'CPU_RUN_ROWS', max_rows)
+    """Without autograd the blocks run block_pass directly; with it, through
+    the lean training Function (or autograd through each operation). Both
+    must compute the same thing."""
     _assert_inference_equals_autograd(_model(gate))

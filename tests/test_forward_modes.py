@@ -15,18 +15,46 @@ def _model(**kwargs) -> PosMLP:
     return randomize_(PosMLP(TINY_ARCH, **kwargs))
 
 
-def test_mode_follows_training_grad_and_autocast():
+def test_mode_follows_grad_mode_and_graph_capture():
     x = torch.randn(1, 3, 32, 32)
-    assert decide_forward_mode(x, training=True) is ForwardMode.AUTOGRAD
-    assert decide_forward_mode(x, training=False) is ForwardMode.AUTOGRAD
+    assert decide_forward_mode(x) == ForwardMode(autograd=True, graph=False)
     with torch.no_grad():
-        assert decide_forward_mode(x, training=False) is \
-            ForwardMode.INFERENCE
-        # train mode under no_grad is still a training forward
-        assert decide_forward_mode(x, training=True) is ForwardMode.AUTOGRAD
-        with torch.autocast('cpu', dtype=torch.bfloat16):
-            assert decide_forward_mode(x, training=False) is \
-                ForwardMode.AUTOGRAD
+        assert decide_forward_mode(x) == ForwardMode(autograd=False,
+                                                     graph=False)
+    seen = []
+
+    def capture(t):
+        seen.append(decide_forward_mode(t))
+        return t + 1
+    torch.compile(capture, backend='eager', fullgraph=True)(x)
+    assert seen == [ForwardMode(autograd=True, graph=True)]
+
+
+def test_lean_function_runs_exactly_when_autograd_records(monkeypatch):
+    """Blocks take the lean training Function whenever grad mode is on (the
+    mode's ``autograd``) and the gate declares ``lean_backward``, in train
+    or eval mode alike; never under no_grad, and never for SGU."""
+    from posmlp_dense.block_function import LeanBlock
+    calls = []
+    forward = LeanBlock.forward
+
+    def counting(ctx, *args):
+        calls.append(1)
+        return forward(ctx, *args)
+    monkeypatch.setattr(LeanBlock, 'forward', staticmethod(counting))
+    x = torch.randn(1, 3, 64, 64)
+    blocks = sum(TINY_ARCH['depths'])
+    for gate, lean in (('gqpe', True), ('lrpe', True), ('sgu', False)):
+        model = _model(gate=gate)
+        for training in (True, False):
+            model.train(training)
+            calls.clear()
+            model(x)
+            assert len(calls) == (blocks if lean else 0), (gate, training)
+            calls.clear()
+            with torch.no_grad():
+                model(x)
+            assert not calls
 
 
 def test_train_mode_under_no_grad_applies_stochastic_depth():

@@ -12,8 +12,6 @@ import pytest
 import torch
 
 from posmlp_dense import PosMLP
-from posmlp_dense.gates.gqpe import GQPE
-from posmlp_dense.workspace import Workspace
 
 from conftest import TINY_ARCH, randomize_
 from reference import gqpe_scores, per_window_forward_levels
@@ -130,77 +128,73 @@ def test_blocks_with_large_activations_equal_the_reference(gate):
             f'level {level}: max error {err:.3g} (largest value {scale:.3g})'
 
 
-# ------------------------------------------------ matrices without autograd
-@pytest.mark.parametrize('gate,kwargs', [
-    ('gqpe', {}), ('gqpe', dict(gqpe_generalized=False)), ('lrpe', {}),
-    ('lrpe', dict(pos_only=False))],
-    ids=['gqpe', 'gqpe_isotropic', 'lrpe', 'lrpe_token_matrix'])
-def test_matrices_without_grad_equal_the_autograd_ones(gate, kwargs):
-    """Without autograd (eval mode's cache, the lean training Function) a
-    gate writes its augmented matrices in place, GQPE with its scores and
-    softmax in a workspace's buffers. They must be the autograd path's bit
-    for bit, for full and partial windows, with or without a workspace, and
-    a buffer reused for a smaller window must not leak into it."""
-    model = randomize_(PosMLP(TINY_ARCH, gate=gate, **kwargs)).train()
-    unit = model.levels[0].encoder[0].gate_unit
-    wh, ww = unit.window
-    workspace = Workspace()
-    for key in [(0, wh, 0, ww), (0, wh, 0, ww - 2), (1, wh, 0, 2),
-                (0, 1, 0, 1), (0, wh, 0, ww)]:
-        reference = unit.augmented_mixing(key)
-        assert reference.requires_grad  # the autograd path
+# ------------------------------------------------ one formula, every mode
+def _outputs_in_every_mode(model, x):
+    """Level outputs in eval without autograd, eval with it, and a training
+    step (the lean Function), and one gate's matrices for a partial
+    window."""
+    model.eval()
+    with torch.no_grad():
+        plain = model(x)
+    graded = [y.detach() for y in model(x)]
+    model.train()
+    trained = [y.detach() for y in model(x)]
+    model.eval()
+    gate = model.levels[0].encoder[0].gate_unit
+    with torch.no_grad():
+        matrices = gate.mixing_matrices((0, 5, 2, 14))[0]
+    return plain, graded, trained, matrices
+
+
+def test_gqpe_formula_lives_in_one_function(monkeypatch):
+    """Patch gqpe.score_coefficients, and every mode (inference, eval with
+    autograd, a training forward through the lean Function, the analysis
+    matrices) changes together, and still agrees with itself."""
+    import posmlp_dense.gates.gqpe as gqpe
+    # norm_eval: no batch statistics in training, so all modes agree
+    model = randomize_(PosMLP(TINY_ARCH, gate='gqpe', drop_path_rate=0.0,
+                              norm_eval=True))
+    with torch.no_grad():  # blocks whose gates matter to the outputs
+        for level in model.levels:
+            for block in level.encoder:
+                block.proj_c_s.weight.mul_(20.0)
+    x = torch.randn(1, 3, 97, 161)
+    before = _outputs_in_every_mode(model, x)
+    original = gqpe.score_coefficients
+
+    def doubled(*args, **kwargs):
+        return 2 * original(*args, **kwargs)
+    monkeypatch.setattr(gqpe, 'score_coefficients', doubled)
+    after = _outputs_in_every_mode(model, x)
+    for mode_before, mode_after in zip(before[:3], after[:3]):
+        for level_before, level_after, reference in zip(
+                mode_before, mode_after, after[0]):
+            assert (level_before - level_after).abs().max() > 1e-4
+            torch.testing.assert_close(level_after, reference, rtol=1e-5,
+                                       atol=1e-5)
+    assert not torch.allclose(before[3], after[3], atol=1e-4)
+
+
+def test_partial_window_matrices_equal_the_published_softmax():
+    """A partial window's matrices (the full window's softmax renormalized
+    over the real keys, token_mixing.key_scale) are the published softmax
+    over the real keys alone, also when the Gaussians sit far from the
+    window's real part."""
+    model = randomize_(PosMLP(TINY_ARCH, gate='gqpe'))
+    gate = model.levels[0].encoder[0].gate_unit
+    with torch.no_grad():
+        gate.pos.attention_centers.copy_(torch.tensor(
+            [[6.0, -6.0], [-5.0, 4.0], [0.5, 0.0], [3.0, 6.5]]))
+    wh, ww = gate.window
+    for rect in [(0, wh, 0, ww), (0, 2, 0, ww), (wh - 1, wh, 3, 9),
+                 (0, 1, 0, 1), (5, wh, ww - 3, ww)]:
         with torch.no_grad():
-            alone = unit.augmented_mixing(key, fresh=True)
-            shared = unit.augmented_mixing(key, fresh=True,
-                                           workspace=workspace)
-        assert torch.equal(alone, reference.detach()), key
-        assert torch.equal(shared, reference.detach()), key
-
-
-# -------------------------------------- GQPE's parameters, without autograd
-@pytest.mark.parametrize('generalized,symmetric', [
-    (True, True), (True, False), (False, True)],
-    ids=['generalized', 'generalized_asymmetric', 'isotropic'])
-def test_parameter_gradients_equal_autograd(generalized, symmetric):
-    """The lean backward gets the centres' and spreads' gradients from the
-    score coefficients' in closed form. They must be what autograd through
-    ``score_coefficients`` gives, for every form of the spread (the
-    asymmetric one is reachable only by building GQPE directly)."""
-    torch.manual_seed(0)
-    pos = GQPE((5, 4), groups=3, generalized=generalized,
-               symmetric=symmetric)
-    with torch.no_grad():
-        for p in (pos.attention_centers, pos.attention_spreads):
-            p.copy_(torch.randn_like(p))
-    d_coefficients = torch.randn_like(pos.score_coefficients())
-    params = [pos.attention_centers, pos.attention_spreads]
-    expected = torch.autograd.grad(
-        (pos.score_coefficients() * d_coefficients).sum(), params)
-    with torch.no_grad():
-        got = pos.parameter_gradients(d_coefficients)
-    for name, want in zip(['attention_centers', 'attention_spreads'],
-                          expected):
-        assert got[name].shape == want.shape, name
-        torch.testing.assert_close(got[name], want, rtol=1e-5, atol=1e-6,
-                                   msg=name)
-
-
-def test_shared_coefficients_last_one_call():
-    """Inside ``sharing_parameter_terms`` the matrices of a block's window
-    classes reuse one computation of the score coefficients: equal to a
-    fresh one, never used where autograd records a graph, and forgotten on
-    exit, so that a parameter update before the next call is seen."""
-    torch.manual_seed(0)
-    pos = GQPE((4, 4), groups=2)
-    with pos.sharing_parameter_terms():
-        with torch.no_grad():
-            first = pos.score_coefficients()
-            assert pos.score_coefficients() is first
-        assert torch.equal(first, pos._coefficients().detach())
-        assert pos.score_coefficients().requires_grad
-    with torch.no_grad():
-        pos.attention_centers.add_(1.0)
-        with pos.sharing_parameter_terms():
-            updated = pos.score_coefficients()
-    assert not torch.equal(updated, first)
-    assert torch.equal(updated, pos._coefficients())
+            weights, bias = gate.mixing_matrices(rect)
+        ys, xs = torch.meshgrid(torch.arange(rect[0], rect[1]),
+                                torch.arange(rect[2], rect[3]),
+                                indexing='ij')
+        want = gqpe_scores(gate.pos, ys.reshape(-1), xs.reshape(-1)
+                           ).softmax(-1).float()
+        torch.testing.assert_close(weights, want, rtol=1e-5, atol=1e-6)
+        index = (ys * ww + xs).reshape(-1)
+        assert torch.equal(bias, gate.pos.token_proj_n_bias.view(-1)[index])

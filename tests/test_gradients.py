@@ -133,33 +133,22 @@ def test_gradcheck_of_a_tiny_level(gate, kwargs):
         gate_only, tuple(params[names.index(n)] for n in gate_names))
 
 
-@pytest.mark.parametrize('shape, window, shift', [
-    ((2, 9, 11), (4, 4), (0, 0)),   # partial windows: several classes
+@pytest.mark.parametrize('shape, window, origin', [
+    ((2, 9, 11), (4, 4), (0, 0)),   # partial windows
     ((1, 10, 10), (4, 4), (2, 2)),  # shifted grid
 ])
-def test_window_partition_gradients(shape, window, shift):
-    """partition/reverse of a plan with several window classes run as one
-    autograd node (windows._Rearrange) whose backward is the inverse copy:
-    its gradients, first and second order, are those of autograd through
-    the per-class copies."""
-    from posmlp_dense.windows import make_plan
+def test_window_layout_gradients(shape, window, origin):
+    """to_windows and to_map are plain autograd operations: their gradients,
+    first and second order, pass gradcheck, and to_map inverts to_windows."""
+    from posmlp_dense.windows import window_grid
     B, H, W = shape
-    plan = make_plan(H, W, window, shift)
-    assert len(plan.classes) > 1
-    x = torch.randn(B, H, W, 3, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(B * H * W, 3, dtype=torch.float64)
+    grid = window_grid(H, W, window, origin)
+    x = torch.randn(6, B, H, W, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(3, 2 * B * grid.rows * grid.cols,
+                         window[0] * window[1], dtype=torch.float64)
 
-    def through(partition, reverse):
-        tokens = partition(x)
-        y = reverse(tokens * tokens * weight, B)
-        return torch.autograd.grad((y * y).sum(), x, create_graph=True)[0]
-
-    grad = through(plan.partition, plan.reverse)
-    reference = through(plan._partition_copy, plan._reverse_copy)
-    assert type(plan.partition(x).grad_fn).__name__ == '_RearrangeBackward'
-    torch.testing.assert_close(grad, reference, rtol=0, atol=1e-12)
-    # second order through the Function's backward
-    v = torch.randn_like(x)
-    second, = torch.autograd.grad((grad * v).sum(), x)
-    second_ref, = torch.autograd.grad((reference * v).sum(), x)
-    torch.testing.assert_close(second, second_ref, rtol=0, atol=1e-12)
+    def through(t):
+        rows = grid.to_windows(t, 3)
+        return grid.to_map(rows * rows * weight, B)
+    assert torch.autograd.gradcheck(through, (x,))
+    assert torch.autograd.gradgradcheck(through, (x,))

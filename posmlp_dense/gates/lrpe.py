@@ -11,7 +11,7 @@ resized as a (2wh-1) x (2ww-1) grid per group when a state dict is loaded.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import torch
 from torch import nn
@@ -39,17 +39,16 @@ class LRPE(PositionBias):
         nn.init.zeros_(self.window_relative_position_bias_table)
         nn.init.zeros_(self.token_proj_n_bias)
 
-    def weights(self, index: torch.Tensor) -> torch.Tensor:
-        rel = self.geometry(index, self.window_relative_position_index)
-        n = index.numel()
-        table = self.window_relative_position_bias_table
-        return table[rel.reshape(-1)].view(n, n, self.groups).permute(2, 0, 1)
-
-    def full_window_weights(self):
-        n = self.window[0] * self.window[1]
-        table = self.window_relative_position_bias_table
-        weights = table[self.window_relative_position_index.reshape(-1)]
-        return weights.view(n, n, self.groups).permute(2, 0, 1), False
+    @classmethod
+    def stacked_weights(cls, modules: Sequence['LRPE']) -> torch.Tensor:
+        first = modules[0]
+        n = first.window[0] * first.window[1]
+        tables = torch.stack(
+            [m.window_relative_position_bias_table for m in modules])
+        index = first.window_relative_position_index.view(-1)
+        # (D, N * N, groups) -> (D, groups, N, N)
+        return tables.index_select(1, index).transpose(1, 2).reshape(
+            len(modules), first.groups, n, n)
 
     def checkpoint_window(self, state, prefix):
         bias = state[prefix + 'token_proj_n_bias']

@@ -33,47 +33,26 @@ DERIVED_BUFFERS = ('rel_indices', 'window_relative_position_index')
 class PositionBias(nn.Module):
     # tensors whose shape follows the window; the load hook resizes them
     resizable_tensors: Tuple[str, ...] = ('token_proj_n_bias',)
+    # whether each row of the weights is a softmax over the window's keys
+    softmax: bool = False
 
     def __init__(self, window: Tuple[int, int]):
         super().__init__()
         self.window = tuple(window)
         self.token_proj_n_bias = nn.Parameter(
             torch.zeros(1, self.window[0] * self.window[1], 1))
-        self._geometry_cache = {}
         self.register_load_state_dict_pre_hook(_adapt_state_dict)
 
-    def geometry(self, index: torch.Tensor, table: torch.Tensor
-                 ) -> torch.Tensor:
-        """``table[index][:, index]``: a (N, N, ...) geometry buffer
-        restricted to some tokens. It depends on the window shape only, so
-        it is computed once per window class and device."""
-        key = (index.data_ptr(), index.numel(), table.data_ptr())
-        cached = self._geometry_cache.get(key)
-        if cached is None or cached[0] is not index:
-            cached = (index, table[index][:, index])
-            self._geometry_cache[key] = cached
-        return cached[1]
-
-    def _apply(self, fn, *args, **kwargs):
-        self._geometry_cache.clear()  # buffers move: cached views go stale
-        return super()._apply(fn, *args, **kwargs)
-
-    def bias(self, index: torch.Tensor) -> torch.Tensor:
-        return self.token_proj_n_bias.view(-1)[index]
-
-    def weights(self, index: torch.Tensor) -> torch.Tensor:
+    @classmethod
+    def stacked_weights(cls, modules) -> torch.Tensor:
+        """(D, groups, N, N): the mixing weights of D encodings of this
+        class (the formula of the encoding; see its module docstring)."""
         raise NotImplementedError
 
-    def write_weights(self, index: torch.Tensor, out: torch.Tensor,
-                      workspace=None):
-        """``weights(index)`` into ``out`` (groups, n, n), without autograd;
-        ``workspace``: where temporaries may be kept (workspace.py)."""
-        out.copy_(self.weights(index))
-
-    def full_window_weights(self) -> Tuple[torch.Tensor, bool]:
-        """(groups, N, N) weights of the full window for padded windows, and
-        whether they are softmax numerators to normalize over real keys."""
-        raise NotImplementedError
+    @staticmethod
+    def stacked_bias(modules) -> torch.Tensor:
+        """(D, N): the per-query biases of D encodings."""
+        return torch.stack([m.token_proj_n_bias.view(-1) for m in modules])
 
     def checkpoint_window(self, state: Dict[str, torch.Tensor], prefix: str
                           ) -> Tuple[int, int]:

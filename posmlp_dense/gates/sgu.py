@@ -8,7 +8,7 @@ ablations; state-dict names follow the published code (``norm_list.0``,
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import torch
 from torch import nn
@@ -35,22 +35,20 @@ class SGU(GateUnit):
         nn.init.ones_(self.proj_list[0].bias)
         self.norm_list[0].reset_parameters()
 
-    def compute_mixing(self, index):
-        proj = self.proj_list[0]
-        return proj.weight[index][:, index].unsqueeze(0), proj.bias[index]
+    # its LayerNorm acts on u before the mixing: autograd, not the lean
+    # training Function, differentiates it
+    lean_backward = False
 
-    def full_window_mixing(self):
-        proj = self.proj_list[0]
-        return proj.weight.unsqueeze(0), proj.bias, False
+    @classmethod
+    def stacked_weights(cls, gates: Sequence['SGU']):
+        projs = [g.proj_list[0] for g in gates]
+        return (torch.stack([p.weight for p in projs]).unsqueeze(1),
+                torch.stack([p.bias for p in projs]))
 
-    def forward(self, hidden: torch.Tensor, windows) -> torch.Tensor:
-        """``hidden`` (T, 2K), activated, -> (T, K)."""
-        u, v = hidden.chunk(2, dim=-1)
-        return self.mix(self.norm_list[0](u), v, windows)
-
-    def channel_major_input(self, u: torch.Tensor) -> torch.Tensor:
-        # LayerNorm over the channels: each column of channel-major u
-        return self.norm_list[0](u.t()).t().contiguous()
+    def prepare_input(self, u: torch.Tensor) -> torch.Tensor:
+        """LayerNorm over the channels of channel-major u (K, B, H, W)."""
+        tokens = u.view(u.shape[0], -1).t()           # (B * H * W, K)
+        return self.norm_list[0](tokens).t().contiguous().view(u.shape)
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, window={self.window}'
