@@ -10,7 +10,7 @@ Inference part, for every (input size, batch, mode):
 
 * median (and fastest) latency of a backbone forward (``fwd``: eval mode,
   no autograd) or training step (``fwdbwd``: see below), images per second;
-* peak memory of the call (see ``posmlp_dense.bench.measure.PeakMemory``);
+* peak memory of the call (see ``benchmarks.measure.PeakMemory``);
 * parameters, and multiply-adds counted by ``torch.utils.flop_counter``
   (MACs = counted FLOPs / 2; it counts mm, addmm, bmm, baddbmm and
   convolutions, and einsum / matmul / ``@`` run as those, so the token
@@ -21,7 +21,7 @@ Inference part, for every (input size, batch, mode):
 Scaling part: how forward latency grows with the input size (square inputs,
 batch 1), fitted as latency ~ pixels ** exponent.
 
-Training part (``posmlp_dense.bench.training``): backbone training steps
+Training part (``benchmarks.training``): backbone training steps
 (train mode, fp32: forward, the sum of half the output channels, backward) and
 whole RetinaNet training iterations, each with and without gradient
 checkpointing (``with_cp``): step time, peak memory growth (on a CPU in a
@@ -30,7 +30,7 @@ fresh process per row) and the activation bytes autograd saves per image.
 Models: ``posmlp_t``/``posmlp_s`` (this package), ``swin_t``/``swin_s`` and
 ``resnet50`` (built from mmdet's registry), and ``published_port``: the
 PosMLP-T weights run the way the published code runs them (see
-``posmlp_dense.bench.published_port``), the baseline the mixing is
+``benchmarks.published_port``), the baseline the mixing is
 compared with.
 
 Writes ``benchmark.json`` (every raw number and the environment),
@@ -64,17 +64,17 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from posmlp_dense.bench.inference import MacCounter, run_scaling, run_settings
-from posmlp_dense.bench.measure import (
-    MEMORY_METHODS, MODES, PeakMemory, environment,
+from benchmarks.cli_sizes import parse_dims
+from benchmarks.inference import MacCounter, run_scaling, run_settings
+from benchmarks.measure import (
+    MEMORY_METHODS, MODES, SOURCE_ROOT, PeakMemory, environment,
     environment_keeping_freed_memory, fit_exponent, keeps_freed_memory, log,
     make_input, matmul_calibration, size_name)
-from posmlp_dense.bench.models import ALL_MODELS, build_models, count_params
-from posmlp_dense.bench.published_port import port_check
-from posmlp_dense.bench.report import chart, markdown, target_lines
-from posmlp_dense.bench.training import (
+from benchmarks.models import ALL_MODELS, build_models, count_params
+from benchmarks.published_port import port_check
+from benchmarks.report import chart, markdown, target_lines
+from benchmarks.training import (
     DETECTOR_BACKBONES, MEMORY_MODES, TrainingCase, run_training)
-from posmlp_dense.cli_sizes import parse_dims
 
 # Backbones the training part can build (the published port shares
 # PosMLP-T's weights and has no checkpointing).
@@ -260,6 +260,10 @@ def run_keeping_freed_memory(argv, out: str) -> dict:
         env = environment_keeping_freed_memory()
     except RuntimeError as e:
         raise SystemExit(f'--keep-freed-memory: {e}') from None
+    # the child imports the benchmarks (and posmlp_dense) of the checkout
+    # this process runs, not whichever copy the environment has installed
+    env['PYTHONPATH'] = os.pathsep.join(
+        p for p in (SOURCE_ROOT, env.get('PYTHONPATH')) if p)
     argv = sys.argv[1:] if argv is None else list(argv)
     log(f'running again with GLIBC_TUNABLES={env["GLIBC_TUNABLES"]}')
     done = subprocess.run([sys.executable, os.path.abspath(__file__), *argv],
