@@ -248,6 +248,18 @@ MUTATIONS: List[Mutation] = [
         'faults[0] - faults[1] >= PAGE_FAULT_GAP',
         ('tests/test_benchmark.py', '-k', 'gap_in_page_faults')),
     Mutation(
+        "GPU proxy: views counted as operations that launch work",
+        'benchmarks/gpu_proxy.py',
+        '    return (func.is_view or torch.Tag.inplace_view in func.tags\n',
+        '    return (torch.Tag.inplace_view in func.tags\n',
+        ('tests/test_gpu_proxy.py', '-k', 'launch_nothing')),
+    Mutation(
+        "GPU proxy: the estimate adds the launches to the device's time",
+        'benchmarks/gpu_proxy.py',
+        'estimate_s=max(launch, device),',
+        'estimate_s=launch + device,',
+        ('tests/test_gpu_proxy.py', '-k', 'estimate')),
+    Mutation(
         'command-line sizes: a zero size accepted',
         'benchmarks/cli_sizes.py',
         'p.isascii() and p.isdigit() and int(p) > 0 for p in parts',
