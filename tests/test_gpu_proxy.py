@@ -4,19 +4,25 @@ GPU-proxy section of docs/performance.md generated from its JSON."""
 from __future__ import annotations
 
 import json
+import os
+import re
+
 import pytest
 import torch
 from torch import nn
 
-from benchmarks.doc_sections import update_sections
+from benchmarks.doc_sections import end_marker, update_sections
 from benchmarks.gpu_proxy import (H200, NeedsData, OpCounter, count_call,
                                   count_step, counting_place, estimate,
                                   run_gpu_proxy)
-from benchmarks.report import gpu_proxy_targets, verdict
+from benchmarks.report import gpu_proxy_markdown, gpu_proxy_targets, verdict
 from posmlp_dense import PosMLP
 
 from conftest import TINY_ARCH, load_tool
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(ROOT, 'docs', 'performance.md')
+DOC_JSON = os.path.join(ROOT, 'docs', 'performance', 'gpu_proxy.json')
 
 
 def counted(fn, *args) -> OpCounter:
@@ -193,6 +199,38 @@ def test_the_estimate_takes_the_longer_of_launching_and_the_devices_work():
     assert e['estimate_s'] == pytest.approx(2.0) and e['bound'] == 'device'
 
 
+def test_the_documented_constants_are_the_ones_used():
+    assert (H200.launch_s, H200.bandwidth, H200.peak_flops) == (
+        5e-6, 4.8e12, 67e12)
+    section = doc_section()
+    for value in ('| 5 us |', '| 4.8 TB/s |', '| 67 TFLOP/s |'):
+        assert value in section
+    assert 'NVIDIA H200 SXM' in section
+
+
+def doc_section() -> str:
+    with open(DOC, encoding='utf-8') as f:
+        text = f.read()
+    match = re.search(r'^<!-- generated: gpu-proxy\b[^\n]*-->\n(.*?)^'
+                      + re.escape(end_marker('gpu-proxy')), text,
+                      re.MULTILINE | re.DOTALL)
+    assert match, 'docs/performance.md has no generated gpu-proxy section'
+    return match.group(1)
+
+
+def test_the_docs_section_is_the_one_generated_from_its_json():
+    """docs/performance.md's GPU-proxy section is written from the JSON it
+    names (tools/benchmark.py --from-json ... --update-doc), not by hand."""
+    from benchmarks.report import target_lines
+    with open(DOC_JSON) as f:
+        report = json.load(f)
+    report['targets'] = target_lines(report)
+    body = '\n'.join(gpu_proxy_markdown(report, heading='##')).strip('\n')
+    assert doc_section().strip('\n') == body
+    models = {r['model'] for r in report['gpu_proxy']['rows']}
+    assert {'posmlp_t', 'swin_t', 'resnet50'} <= models
+
+
 def test_generated_sections_replace_only_their_own_lines():
     page = ('# Title\n\nhand-written\n\n<!-- generated: gpu-proxy old -->\n'
             'old table\n<!-- end generated: gpu-proxy -->\n\nmore prose\n')
@@ -287,5 +325,5 @@ def test_update_doc_is_checked_before_the_run(tmp_path, capsys):
         bench.parse_args(['--gpu-proxy-only', '--update-doc', str(page)])
     assert "sections 'gpu-proxy'" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # nothing would write the section
-        bench.parse_args(['--update-doc', str(page)])
+        bench.parse_args(['--update-doc', DOC])
     assert 'add --gpu-proxy' in capsys.readouterr().err
