@@ -18,8 +18,7 @@ from typing import Dict
 
 def begin_marker(name: str, source: str) -> str:
     return (f'<!-- generated: {name} by tools/benchmark.py --update-doc '
-            f'from {source}; edit that JSON or the report code, not this '
-            f'section -->')
+            f'from {source}; not to be edited by hand -->')
 
 
 def end_marker(name: str) -> str:
