@@ -46,8 +46,11 @@ setup(
     'segmentation',
     long_description=read_readme(),
     long_description_content_type='text/markdown',
-    packages=find_packages(exclude=('tests', 'tests.*', 'configs',
-                                    'configs.*', 'tools', 'tools.*')),
+    # posmlp_dense is the model; benchmarks, the instruments of the tools
+    # that time it, is a top-level package of its own (not inside the model)
+    # so that tools/*.py import it as they import posmlp_dense.
+    packages=find_packages(include=('posmlp_dense', 'posmlp_dense.*',
+                                    'benchmarks')),
     python_requires='>=3.9',
     install_requires=read_requirements('runtime'),
     extras_require={

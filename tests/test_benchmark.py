@@ -1,4 +1,4 @@
-"""tools/benchmark.py and posmlp_dense.bench in a tiny configuration (no
+"""tools/benchmark.py and benchmarks in a tiny configuration (no
 assertions on speed; the stem clock's test checks where known pauses are
 counted, with lower bounds only)."""
 from __future__ import annotations
@@ -12,18 +12,18 @@ import torch
 from torch import nn
 
 from posmlp_dense import PosMLP
-from posmlp_dense.bench.measure import (Job, PeakMemory, SavedActivations,
-                                       fit_exponent, make_step,
-                                       minor_page_faults, run_jobs,
-                                       timed_call)
-from posmlp_dense.bench.models import build_models
-from posmlp_dense.bench.published_port import PublishedPort
-from posmlp_dense.bench.training import (StemClock, TrainingCase,
-                                         build_detector, footprint,
-                                         footprint_in_fresh_process,
-                                         run_training, stem_modules,
-                                         stem_split, step_flops,
-                                         training_job)
+from benchmarks.measure import (Job, PeakMemory, SavedActivations,
+                                fit_exponent, make_step,
+                                minor_page_faults, run_jobs,
+                                timed_call)
+from benchmarks.models import build_models
+from benchmarks.published_port import PublishedPort
+from benchmarks.training import (StemClock, TrainingCase,
+                                 build_detector, footprint,
+                                 footprint_in_fresh_process,
+                                 run_training, stem_modules,
+                                 stem_split, step_flops,
+                                 training_job)
 
 from conftest import load_tool, randomize_
 
@@ -110,7 +110,7 @@ def test_benchmark_main_tiny(bench, tmp_path, one_thread):
         assert key in env
     assert env['threads'] >= 1
     # a run under malloc settings says so in its Markdown
-    from posmlp_dense.bench.report import markdown
+    from benchmarks.report import markdown
     env['allocator'] = {'GLIBC_TUNABLES': 'glibc.malloc.trim_threshold=1'}
     assert '`GLIBC_TUNABLES=glibc.malloc.trim_threshold=1`' in markdown(data)
     env['allocator'] = {}
@@ -418,7 +418,7 @@ def test_step_flops_counts_a_real_training_step(model_name):
 def test_training_rows_without_flop_counting(one_thread):
     """--no-count (flop_count=None, as tools/gpu_check.sh runs it) skips
     the FLOP count of the training rows; the report shows a dash."""
-    from posmlp_dense.bench.report import training_markdown
+    from benchmarks.report import training_markdown
     case = TrainingCase('backbone', 'posmlp_t', False, (1, 32, 32))
     rows = run_training([case], repeats=1, warmup=0,
                         device=torch.device('cpu'), memory='none',
@@ -550,7 +550,7 @@ def test_benchmark_rejects_bad_training_options(bench):
 def test_training_ratios_paired_round_by_round():
     """The paired ratio pairs each round's two steps (which ran back to
     back); the median ratio compares the two medians."""
-    from posmlp_dense.bench.report import training_targets
+    from benchmarks.report import training_targets
 
     def row(model, times, stem):
         return dict(kind='backbone', model=model, shape=[2, 64, 64],
@@ -571,8 +571,8 @@ def test_training_verdict_says_when_the_rounds_disagree():
     """The target is judged on the medians; when some rounds have PosMLP-T
     ahead and others behind, the verdict says so, and the table gives the
     rounds' lowest and highest ratio."""
-    from posmlp_dense.bench.report import (training_markdown,
-                                           training_targets)
+    from benchmarks.report import (training_markdown,
+                                   training_targets)
 
     def row(model, times):
         return dict(kind='backbone', model=model, label=model,
@@ -595,7 +595,7 @@ def test_training_verdict_says_when_the_rounds_disagree():
 
 
 def test_inference_latency_ratio_paired_round_by_round():
-    from posmlp_dense.bench.report import target_lines
+    from benchmarks.report import target_lines
 
     def result(model, times):
         return dict(model=model, size=[800, 1333], batch=1, mode='fwd',
@@ -612,8 +612,8 @@ def test_inference_latency_ratio_paired_round_by_round():
 def test_allocator_settings_are_recorded_and_reported(monkeypatch):
     """A run under malloc settings that keep freed memory takes other page
     faults than one under the default: the report says which it was."""
-    from posmlp_dense.bench.measure import ALLOCATOR_SETTINGS, environment
-    from posmlp_dense.bench.report import allocator_line
+    from benchmarks.measure import ALLOCATOR_SETTINGS, environment
+    from benchmarks.report import allocator_line
     for name in ALLOCATOR_SETTINGS:
         monkeypatch.delenv(name, raising=False)
     env = environment(torch.device('cpu'))
@@ -635,7 +635,7 @@ def test_keep_freed_memory_runs_again_in_a_child_process(bench, tmp_path):
     unless asked (a process that keeps freed memory hides a step's
     needs)."""
     import platform
-    from posmlp_dense.bench.measure import KEEP_FREED_MEMORY
+    from benchmarks.measure import KEEP_FREED_MEMORY
     if platform.libc_ver()[0] != 'glibc':
         pytest.skip('glibc tunables only')
     out = tmp_path / 'kept.json'
@@ -655,7 +655,7 @@ def test_keep_freed_memory_runs_again_in_a_child_process(bench, tmp_path):
 
 
 def test_keeping_freed_memory_adds_to_other_tunables(monkeypatch):
-    from posmlp_dense.bench.measure import (
+    from benchmarks.measure import (
         KEEP_FREED_MEMORY, environment_keeping_freed_memory,
         keeps_freed_memory)
     import platform
@@ -681,8 +681,8 @@ def test_verdict_names_a_gap_in_page_faults():
     the other does not (and no GPU pays): past PAGE_FAULT_GAP per call the
     verdict says the time ratio holds them, in training and in inference;
     without counts, or with close ones, it says nothing of them."""
-    from posmlp_dense.bench.report import (PAGE_FAULT_GAP, target_lines,
-                                           training_targets, verdict)
+    from benchmarks.report import (PAGE_FAULT_GAP, target_lines,
+                                   training_targets, verdict)
 
     def step(model, faults):
         return dict(kind='backbone', model=model, shape=[2, 64, 64],

@@ -1,10 +1,9 @@
-"""posmlp_dense.cli_sizes: the size parser every tool's options share."""
+"""benchmarks.cli_sizes: the size parser every tool's options share."""
 import argparse
 
 import pytest
 
-from posmlp_dense.bench.measure import input_shape
-from posmlp_dense.cli_sizes import parse_dims
+from benchmarks.cli_sizes import input_shape, parse_dims
 
 from conftest import load_tool
 

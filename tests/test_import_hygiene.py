@@ -7,7 +7,7 @@ checkpoint loaders, file backends, hooks and model wrappers as they were, no
 logging configured, torch's safe-loading allowlist as it was; PosMLP
 registered in both frameworks. Importing ``posmlp_dense.openmmlab.runtime``
 (the opt-in training runtime) registers exactly its components, still
-without replacing anything.
+without replacing anything. Neither loads the benchmark (``benchmarks``).
 """
 from __future__ import annotations
 
@@ -131,7 +131,10 @@ def summary(after_import):
                         [type(h).__name__ for h in package.handlers]],
         mmdet=repr(mmdet.registry.MODELS.module_dict.get('PosMLP')),
         mmseg=repr(mmseg.registry.MODELS.module_dict.get('PosMLP')),
-        timm=timm.is_model('posmlp_t'))
+        timm=timm.is_model('posmlp_t'),
+        # the benchmark is a package of its own that the model never loads
+        benchmark_modules=sorted(m for m in sys.modules if m == 'benchmarks'
+                                 or m.startswith('benchmarks.')))
 
 
 first = snapshot()
@@ -179,6 +182,7 @@ def test_import_registers_the_model_and_changes_nothing_else():
     after = report['after_package']
     assert 'MMPosMLP' in after['mmdet'] and 'MMPosMLP' in after['mmseg']
     assert after['timm'] is True
+    assert after['benchmark_modules'] == []
 
 
 def test_importing_the_runtime_registers_its_components(runtime_report):
@@ -194,6 +198,7 @@ def test_importing_the_runtime_registers_its_components(runtime_report):
     assert changes['loggers'] == ['posmlp_dense']
     assert changes['globals'] == []
     assert changes['safe_globals'] == []
+    assert runtime_report['after_runtime']['benchmark_modules'] == []
 
 
 def test_runtime_components_are_mmengines_extension_points():

@@ -10,7 +10,7 @@ Inference part, for every (input size, batch, mode):
 
 * median (and fastest) latency of a backbone forward (``fwd``: eval mode,
   no autograd) or training step (``fwdbwd``: see below), images per second;
-* peak memory of the call (see ``posmlp_dense.bench.measure.PeakMemory``);
+* peak memory of the call (see ``benchmarks.measure.PeakMemory``);
 * parameters, and multiply-adds counted by ``torch.utils.flop_counter``
   (MACs = counted FLOPs / 2; it counts mm, addmm, bmm, baddbmm and
   convolutions, and einsum / matmul / ``@`` run as those, so the token
@@ -21,16 +21,25 @@ Inference part, for every (input size, batch, mode):
 Scaling part: how forward latency grows with the input size (square inputs,
 batch 1), fitted as latency ~ pixels ** exponent.
 
-Training part (``posmlp_dense.bench.training``): backbone training steps
+Training part (``benchmarks.training``): backbone training steps
 (train mode, fp32: forward, the sum of half the output channels, backward) and
 whole RetinaNet training iterations, each with and without gradient
 checkpointing (``with_cp``): step time, peak memory growth (on a CPU in a
 fresh process per row) and the activation bytes autograd saves per image.
 
+GPU-proxy part (``benchmarks.gpu_proxy``; ``--gpu-proxy``, or
+``--gpu-proxy-only`` for it alone): device-independent figures of one
+step per model, counted on this machine: the operations that launch work
+(on a GPU in eager mode, each at least one kernel launch), the bytes they
+write, the host syncs and the FLOPs, and the time they imply on an NVIDIA
+H200 SXM; with issue 30's targets against Swin-T. ``--update-doc
+docs/performance.md`` rewrites that page's generated GPU-proxy section
+from the run's JSON.
+
 Models: ``posmlp_t``/``posmlp_s`` (this package), ``swin_t``/``swin_s`` and
 ``resnet50`` (built from mmdet's registry), and ``published_port``: the
 PosMLP-T weights run the way the published code runs them (see
-``posmlp_dense.bench.published_port``), the baseline the mixing is
+``benchmarks.published_port``), the baseline the mixing is
 compared with.
 
 Writes ``benchmark.json`` (every raw number and the environment),
@@ -44,6 +53,8 @@ Examples::
         --models posmlp_t,swin_t,published_port --repeats 5 --no-training
     python tools/benchmark.py --training-only --train-shapes 2x512x512
     python tools/benchmark.py --training-only --keep-freed-memory
+    python tools/benchmark.py --gpu-proxy-only \
+        --out docs/performance/gpu_proxy.json --update-doc docs/performance.md
 
 The benchmark changes no process-wide numeric setting (no flushing of
 subnormal floats, no TF32 switches, torch's default thread count). Only
@@ -64,17 +75,22 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from posmlp_dense.bench.inference import MacCounter, run_scaling, run_settings
-from posmlp_dense.bench.measure import (
-    MEMORY_METHODS, MODES, PeakMemory, environment,
+from benchmarks.cli_sizes import parse_dims
+from benchmarks.doc_sections import update_file, update_sections
+from benchmarks.gpu_proxy import MODELS as PROXY_MODELS
+from benchmarks.gpu_proxy import PATHS as PROXY_PATHS
+from benchmarks.gpu_proxy import STEP_MODES, STEPS, run_gpu_proxy
+from benchmarks.inference import MacCounter, run_scaling, run_settings
+from benchmarks.measure import (
+    MEMORY_METHODS, MODES, SOURCE_ROOT, PeakMemory, environment,
     environment_keeping_freed_memory, fit_exponent, keeps_freed_memory, log,
     make_input, matmul_calibration, size_name)
-from posmlp_dense.bench.models import ALL_MODELS, build_models, count_params
-from posmlp_dense.bench.published_port import port_check
-from posmlp_dense.bench.report import chart, markdown, target_lines
-from posmlp_dense.bench.training import (
+from benchmarks.models import ALL_MODELS, build_models, count_params
+from benchmarks.published_port import port_check
+from benchmarks.report import (chart, gpu_proxy_markdown, markdown,
+                               target_lines)
+from benchmarks.training import (
     DETECTOR_BACKBONES, MEMORY_MODES, TrainingCase, run_training)
-from posmlp_dense.cli_sizes import parse_dims
 
 # Backbones the training part can build (the published port shares
 # PosMLP-T's weights and has no checkpointing).
@@ -123,6 +139,25 @@ def parse_size_arg(text: str, layout: str, what: str) -> Tuple[int, ...]:
 def parse_sizes(text: Optional[str], layout: str, what: str
                 ) -> List[Tuple[int, ...]]:
     return [parse_size_arg(s, layout, what) for s in parse_list(text)]
+
+
+def parse_proxy_steps(text: str) -> List[Tuple[str, Tuple[int, ...]]]:
+    """'MODE:BxHxW,...' -> [(mode, (batch, height, width))]; a bad entry
+    exits naming it."""
+    steps = []
+    for item in parse_list(text):
+        mode, _, shape = item.partition(':')
+        if mode not in STEP_MODES or not shape:
+            raise SystemExit(f'bad --gpu-proxy-steps entry {item!r}: expected '
+                             f'MODE:BxHxW with MODE one of '
+                             f'{", ".join(STEP_MODES)}')
+        steps.append((mode, parse_size_arg(shape, 'BxHxW',
+                                           '--gpu-proxy-steps shape')))
+    return steps
+
+
+# The generated section of --update-doc's page that this benchmark writes.
+DOC_SECTION = 'gpu-proxy'
 
 
 def parse_cp(text: str) -> List[bool]:
@@ -213,6 +248,31 @@ def parse_args(argv=None):
                    help='peak memory of the training rows: in a fresh '
                         'process per row, in the timing process, or not at '
                         'all (auto: fresh on CPU, inprocess on CUDA)')
+    gp = p.add_argument_group('GPU-proxy part')
+    gp.add_argument('--gpu-proxy', action='store_true',
+                    help='also count operations, bytes written, host syncs '
+                         'and FLOPs per step, and estimate the time on an '
+                         'NVIDIA H200 (benchmarks.gpu_proxy)')
+    gp.add_argument('--gpu-proxy-only', action='store_true',
+                    help='run only the GPU-proxy part (minutes)')
+    gp.add_argument('--gpu-proxy-models', default=','.join(PROXY_MODELS),
+                    help='comma list from ' + ','.join(ALL_MODELS) +
+                         ' (default %(default)s)')
+    gp.add_argument('--gpu-proxy-steps', default=','.join(
+        f"{mode}:{'x'.join(map(str, shape))}" for mode, shape in STEPS),
+        help='MODE:BxHxW comma list, MODE inference (eval, no autograd) or '
+             'train (forward and backward) (default %(default)s)')
+    gp.add_argument('--gpu-proxy-path', choices=PROXY_PATHS,
+                    default='cuda',
+                    help="which code path of the models to count: cuda "
+                         "(default; on a machine without a GPU, inference "
+                         "on fake CUDA tensors and training on the CPU, see "
+                         "benchmarks.gpu_proxy.counting_place) or cpu (real "
+                         "CPU tensors throughout)")
+    gp.add_argument('--update-doc', metavar='PAGE',
+                    help='after the run (or with --from-json), rewrite the '
+                         f'section "{DOC_SECTION}" of this Markdown page '
+                         '(between its marker lines) from the JSON')
     p.add_argument('--keep-freed-memory', action='store_true',
                    help='run in a child process whose malloc keeps freed '
                         'memory (glibc tunables, Linux): no step pays page '
@@ -241,6 +301,13 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.training_only and args.no_training:
         p.error('--training-only and --no-training exclude each other')
+    if args.gpu_proxy_only and args.training_only:
+        p.error('--gpu-proxy-only and --training-only exclude each other')
+    if args.update_doc:
+        if not (args.gpu_proxy or args.gpu_proxy_only or args.from_json):
+            p.error('--update-doc writes the GPU-proxy section: add '
+                    '--gpu-proxy or --gpu-proxy-only (or --from-json)')
+        check_doc(args.update_doc, p.error)
     base = QUICK if args.quick else DEFAULTS
     for key, value in base.items():
         if getattr(args, key) is None:
@@ -252,6 +319,27 @@ def parse_args(argv=None):
     return args
 
 
+def check_doc(path: str, error):
+    """Before anything runs: the page --update-doc names exists and has
+    the generated section's markers."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            update_sections(f.read(), {DOC_SECTION: ''}, path)
+    except (OSError, ValueError) as err:
+        error(f'--update-doc {path}: {err}')
+
+
+def update_doc(report: dict, json_path: str, page: str):
+    """Rewrite ``page``'s GPU-proxy section from ``report``."""
+    lines = gpu_proxy_markdown(report, heading='##')
+    if not lines:
+        raise SystemExit(f'--update-doc: {json_path} has no GPU-proxy rows '
+                         f'(run with --gpu-proxy or --gpu-proxy-only)')
+    update_file(page, {DOC_SECTION: '\n'.join(lines)},
+                os.path.relpath(json_path))
+    log(f'rewrote the section "{DOC_SECTION}" of {page}')
+
+
 def run_keeping_freed_memory(argv, out: str) -> dict:
     """This command again, in a child process started with malloc
     settings that keep freed memory (they take effect at a process's
@@ -260,6 +348,10 @@ def run_keeping_freed_memory(argv, out: str) -> dict:
         env = environment_keeping_freed_memory()
     except RuntimeError as e:
         raise SystemExit(f'--keep-freed-memory: {e}') from None
+    # the child imports the benchmarks (and posmlp_dense) of the checkout
+    # this process runs, not whichever copy the environment has installed
+    env['PYTHONPATH'] = os.pathsep.join(
+        p for p in (SOURCE_ROOT, env.get('PYTHONPATH')) if p)
     argv = sys.argv[1:] if argv is None else list(argv)
     log(f'running again with GLIBC_TUNABLES={env["GLIBC_TUNABLES"]}')
     done = subprocess.run([sys.executable, os.path.abspath(__file__), *argv],
@@ -314,6 +406,13 @@ def rewrite_from_json(path: str, with_chart: bool) -> dict:
     return report
 
 
+def rewrite_and_update(args) -> dict:
+    report = rewrite_from_json(args.from_json, not args.no_chart)
+    if args.update_doc:
+        update_doc(report, args.from_json, args.update_doc)
+    return report
+
+
 def choose_device(name: str) -> torch.device:
     if name == 'auto':
         return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
@@ -346,12 +445,12 @@ def training_cases(args) -> List[TrainingCase]:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.from_json:
-        return rewrite_from_json(args.from_json, not args.no_chart)
+        return rewrite_and_update(args)
     if args.keep_freed_memory and not keeps_freed_memory():
         return run_keeping_freed_memory(argv, args.out)
     start = time.perf_counter()
     device = choose_device(args.device)
-    inference = not args.training_only
+    inference = not (args.training_only or args.gpu_proxy_only)
     names = checked(parse_list(args.models), ALL_MODELS, 'model') \
         if inference else []
     fb = parse_list(args.fwdbwd_models)
@@ -365,7 +464,11 @@ def main(argv=None) -> dict:
         if inference else []
     scaling_names = checked(parse_list(args.scaling_models), ALL_MODELS,
                             'model') if scaling_sizes else []
-    cases = training_cases(args)
+    cases = [] if args.gpu_proxy_only else training_cases(args)
+    proxy_steps = parse_proxy_steps(args.gpu_proxy_steps) \
+        if args.gpu_proxy or args.gpu_proxy_only else []
+    proxy_names = checked(parse_list(args.gpu_proxy_models), ALL_MODELS,
+                          'GPU-proxy model') if proxy_steps else []
     train_memory = args.train_memory if args.train_memory != 'auto' else (
         'none' if args.keep_freed_memory else
         'inprocess' if device.type == 'cuda' else 'fresh')
@@ -384,6 +487,9 @@ def main(argv=None) -> dict:
             f'{", ".join(size_name(s) for s in sizes)}; batches {batches}; '
             f'modes {modes}; {args.repeats} repeats after {args.warmup} '
             f'warm-up', start)
+    if proxy_steps:
+        log(f'GPU proxy: models {", ".join(proxy_names)}; steps '
+            f'{args.gpu_proxy_steps}; the {args.gpu_proxy_path} path', start)
     if cases:
         log(f'training: {len(cases)} rows; {args.train_repeats} timed steps '
             f'after {args.train_warmup} warm-up; peak memory: {train_memory}',
@@ -402,6 +508,8 @@ def main(argv=None) -> dict:
                     scaling_sizes=[list(s) for s in scaling_sizes],
                     scaling_models=scaling_names,
                     training_cases=[c.as_dict() for c in cases],
+                    gpu_proxy_models=proxy_names,
+                    gpu_proxy_steps=[[m, list(sh)] for m, sh in proxy_steps],
                     train_memory=train_memory),
         environment=env, params={},
         memory_method_key=mem_method,
@@ -445,6 +553,17 @@ def main(argv=None) -> dict:
         if device.type == 'cuda':
             torch.cuda.empty_cache()
 
+    if proxy_steps:
+        models = build_models(proxy_names, posmlp_arch, args.seed)
+        if args.gpu_proxy_path == 'cuda' and device.type == 'cuda':
+            for m in models.values():
+                m.to(device)
+        report['gpu_proxy'] = run_gpu_proxy(
+            models, proxy_steps, device, args.gpu_proxy_path, seed=args.seed,
+            start=start)
+        del models
+        gc.collect()
+
     if cases:
         report['training'] = run_training(
             cases, args.train_repeats, args.train_warmup, device,
@@ -481,6 +600,8 @@ def main(argv=None) -> dict:
     print()
     print(md, flush=True)
     log(f'wrote {", ".join(report["files"].values())}', start)
+    if args.update_doc:
+        update_doc(report, out, args.update_doc)
     return report
 
 

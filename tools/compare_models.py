@@ -27,12 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from posmlp_dense.bench.isolated import compare_in_processes
-from posmlp_dense.bench.measure import input_shape
+from benchmarks.cli_sizes import input_shape
+from benchmarks.isolated import compare_in_processes
 
 
 def parse_args(argv=None):
-    from posmlp_dense.bench.models import ALL_MODELS
+    from benchmarks.models import ALL_MODELS
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--models', default='posmlp_t,swin_t',
                    help='comma list from ' + ','.join(ALL_MODELS) +

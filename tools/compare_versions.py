@@ -34,7 +34,7 @@ import types
 
 import torch
 
-from posmlp_dense.bench.measure import input_shape
+from benchmarks.cli_sizes import input_shape
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 BASE_PACKAGE = 'posmlp_dense_base'

@@ -25,7 +25,7 @@ import sys
 from posmlp_dense.export import (DEFAULT_VERIFY_SIZES, ExportDependencyError,
                                  export_verified, require_export_dependencies)
 from posmlp_dense.archs import GATES
-from posmlp_dense.cli_sizes import parse_dims
+from benchmarks.cli_sizes import parse_dims
 
 
 def parse_size(text):

@@ -223,33 +223,45 @@ MUTATIONS: List[Mutation] = [
         ('tests/test_any_size.py', '-k', 'stem_inference')),
     Mutation(
         "benchmark's stem clock: the stem's backward not counted",
-        'posmlp_dense/bench/training.py',
+        'benchmarks/training.py',
         "                                  + end - m['backward_start'])\n",
         "                                  )\n",
         ('tests/test_benchmark.py', '-k', 'stem_clock')),
     Mutation(
         "benchmark's FLOP count: the model left in eval mode for the "
         "measurements after it",
-        'posmlp_dense/bench/training.py',
+        'benchmarks/training.py',
         "    set_mode(model, 'fwdbwd')  # (count_macs leaves",
         "    pass  # (count_macs leaves",
         ('tests/test_benchmark.py', '-k', 'step_flops')),
     Mutation(
         "benchmark's page faults: major faults counted instead of minor",
-        'posmlp_dense/bench/measure.py',
+        'benchmarks/measure.py',
         'resource.RUSAGE_SELF).ru_minflt',
         'resource.RUSAGE_SELF).ru_majflt',
         ('tests/test_benchmark.py', '-k', 'outside_the_memory')),
     Mutation(
         "benchmark's verdict: the page-fault gap taken without its sign "
         "(only PosMLP-T's excess named)",
-        'posmlp_dense/bench/report.py',
+        'benchmarks/report.py',
         'abs(faults[0] - faults[1]) >= PAGE_FAULT_GAP',
         'faults[0] - faults[1] >= PAGE_FAULT_GAP',
         ('tests/test_benchmark.py', '-k', 'gap_in_page_faults')),
     Mutation(
+        "GPU proxy: views counted as operations that launch work",
+        'benchmarks/gpu_proxy.py',
+        '    return (func.is_view or torch.Tag.inplace_view in func.tags\n',
+        '    return (torch.Tag.inplace_view in func.tags\n',
+        ('tests/test_gpu_proxy.py', '-k', 'launch_nothing')),
+    Mutation(
+        "GPU proxy: the estimate adds the launches to the device's time",
+        'benchmarks/gpu_proxy.py',
+        'estimate_s=max(launch, device),',
+        'estimate_s=launch + device,',
+        ('tests/test_gpu_proxy.py', '-k', 'estimate')),
+    Mutation(
         'command-line sizes: a zero size accepted',
-        'posmlp_dense/cli_sizes.py',
+        'benchmarks/cli_sizes.py',
         'p.isascii() and p.isdigit() and int(p) > 0 for p in parts',
         'p.isascii() and p.isdigit() and int(p) >= 0 for p in parts',
         ('tests/test_cli_sizes.py',)),

@@ -97,7 +97,7 @@ def training_targets(rows) -> list:
 
 
 def target_lines(report: dict) -> dict:
-    """Ratios for the targets of issues 6, 14 and 15.
+    """Ratios for the targets of issues 6, 14, 15 and 30.
 
     Each ratio from the medians (what the targets are judged on), from
     the fastest runs (``*_min``: on a busy machine other processes only
@@ -137,6 +137,54 @@ def target_lines(report: dict) -> dict:
         out['scaling'][name] = dict(exponent=s['exponent'], r2=s['r2'],
                                     exponent_min=s.get('exponent_min'))
     out['training'] = training_targets(report.get('training', []))
+    out['gpu_proxy'] = gpu_proxy_targets(
+        (report.get('gpu_proxy') or {}).get('rows', []))
+    return out
+
+
+# Issue 30's targets for PosMLP-T against Swin-T, at every step of the
+# GPU proxy: operations per step at most these multiples of Swin-T's ...
+GPU_PROXY_OPS_LIMIT = {'inference': 1.0, 'train': 1.5}
+# ... bytes written at most this multiple, and no host sync.
+GPU_PROXY_BYTES_LIMIT = 1.0
+
+
+def gpu_proxy_targets(rows) -> list:
+    """PosMLP-T against Swin-T at every step of the GPU proxy: ratios of
+    operations, bytes written, FLOPs and the estimated time (below 1 is
+    better), each model's host syncs, and the verdict on issue 30's
+    targets (``missed`` names what is over)."""
+    out = []
+    for r in rows:
+        if r['model'] != 'posmlp_t':
+            continue
+        swin = next((s for s in rows if s['model'] == 'swin_t' and
+                     (s['mode'], s['shape']) == (r['mode'], r['shape'])),
+                    None)
+        if swin is None:
+            continue
+        limit = GPU_PROXY_OPS_LIMIT[r['mode']]
+        entry = dict(mode=r['mode'], shape=r['shape'],
+                     ops_ratio=_ratio(r['ops'], swin['ops']),
+                     bytes_ratio=_ratio(r['bytes_written'],
+                                        swin['bytes_written']),
+                     flop_ratio=_ratio(r['flops'], swin['flops']),
+                     estimate_ratio=_ratio(r['estimate_s'],
+                                           swin['estimate_s']),
+                     syncs=[r['syncs'], swin['syncs']])
+        missed = []
+        if entry['ops_ratio'] is None or entry['ops_ratio'] > limit:
+            missed.append(f"ops {fmt(entry['ops_ratio'], '.2f')}x")
+        if entry['bytes_ratio'] is None or \
+                entry['bytes_ratio'] > GPU_PROXY_BYTES_LIMIT:
+            missed.append(f"bytes written {fmt(entry['bytes_ratio'], '.2f')}x")
+        if r['syncs']:
+            missed.append(f"{r['syncs']} host syncs")
+        entry.update(
+            target=f'ops <= {limit:.2f}x Swin-T, bytes written <= '
+                   f'{GPU_PROXY_BYTES_LIMIT:.2f}x, host syncs 0',
+            met=not missed, missed=missed)
+        out.append(entry)
     return out
 
 
@@ -165,6 +213,8 @@ def verdict(entry: dict) -> str:
     if 'met' not in entry:
         return ''
     text = f"{entry['target']} ({'met' if entry['met'] else 'NOT met'})"
+    if entry.get('missed'):
+        text += f"; over: {', '.join(entry['missed'])}"
     spread = entry.get('time_ratio_range')
     if spread and spread[0] <= 1.0 <= spread[1]:
         # the rounds disagree about which model is faster
@@ -308,6 +358,142 @@ def allocator_line(env: dict) -> Optional[str]:
             f'under the same settings.')
 
 
+GPU_PROXY_TEXT = (
+    "- Operations: the ATen operations of one step that launch work, as a "
+    "`TorchDispatchMode` sees them (on a GPU in eager mode each is at least "
+    "one kernel launch); views and other metadata-only operations (`view`, "
+    "`reshape` as a view, `permute`, `transpose`, `expand`, `as_strided`, "
+    "`slice`, `select`, `t`, `unsqueeze`, `squeeze`, `split`/`chunk`, "
+    "`detach`, `alias`, `_unsafe_view`) and allocations without a fill "
+    "(`empty` and its variants) are not counted; fills (`zeros`, `fill_`) "
+    "and copies are.",
+    "- Bytes written: the sizes of those operations' tensor outputs, the "
+    "targets of in-place and `out=` operations included.",
+    "- Host syncs: operations that make the host wait for a value from the "
+    "device (`_local_scalar_dense` behind `.item()`, `is_nonzero`, "
+    "`equal`, `allclose`, `nonzero`, `masked_select`, `unique`, boolean-mask "
+    "indexing, copies to the host).",
+    "- FLOPs: torch's `FlopCounterMode` (matmuls and convolutions, forward "
+    "and backward; elementwise work not counted).",
+    "- Steps: inference = eval mode, forward without autograd; train = "
+    "train mode, forward, the sum of the first half of every level's "
+    "output channels, backward (no optimizer). Each counted step follows "
+    "an uncounted one (caches filled); random weights, fp32; inputs B x 3 "
+    "x H x W.")
+
+# What the rows' ``counted_on`` (benchmarks.gpu_proxy.PLACES) says.
+COUNTED_ON = {'cuda': 'CUDA tensors', 'fake-cuda': 'fake CUDA tensors',
+              'cpu': 'CPU tensors'}
+PATH_TEXT = {
+    'cuda': "- Counted on the models' CUDA code path (a model may run "
+            "differently on a CPU: PosMLP-T's inference there works in "
+            "cache-sized runs of tokens and in strips, more operations). "
+            "Without a GPU, inference steps run on fake CUDA tensors "
+            "(FakeTensorMode: shapes without data), and training steps on "
+            "the CPU, since autograd needs a GPU for a backward on CUDA "
+            "tensors; PosMLP-T's CPU training path has one copy fewer "
+            "than its CUDA path (its stem's channels-last input). Fake "
+            "tensors are not used for training: PosMLP's caches key on "
+            "storage addresses, which fake tensors lack, and a step on them "
+            "counts operations the real step does not run.",
+    'cpu': "- Counted on the models' CPU code path, real CPU tensors "
+           "throughout (`--gpu-proxy-path cpu`); PosMLP-T's inference takes "
+           "more operations on it than on its CUDA path.",
+}
+
+
+def _gb(n) -> str:
+    return fmt(None if n is None else n / 1e9, '.3f')
+
+
+def _ms(seconds) -> str:
+    return fmt(None if seconds is None else seconds * 1e3, '.2f')
+
+
+def gpu_proxy_markdown(report: dict, heading: str = '###') -> List[str]:
+    """The GPU-proxy section: what is counted, the estimate's constants
+    and their sources, a row per (step, model), PosMLP-T against Swin-T
+    with issue 30's verdicts, and PosMLP-T's most frequent operators."""
+    from .gpu_proxy import step_name
+    proxy = report.get('gpu_proxy')
+    if not proxy or not proxy.get('rows'):
+        return []
+    gpu, rows = proxy['gpu'], proxy['rows']
+    env = report.get('environment', {})
+    commit = (env.get('git_commit') or '?')[:7]
+    dirty = env.get('git_dirty_files') or []
+    if dirty:
+        in_model = [f for f in dirty if f.startswith('posmlp_dense/')]
+        dirty = (f" (uncommitted changes to {len(dirty)} files, "
+                 + (f"{len(in_model)} of them" if in_model else 'none')
+                 + ' in posmlp_dense/)')
+    else:
+        dirty = ''
+    sources = dict(gpu.get('sources') or ())
+    lines = [
+        '', f'{heading} GPU proxy: operations, bytes and host syncs per '
+        'step', '',
+        f"Device-independent figures of one step, counted with torch "
+        f"{env.get('torch', '?')} at "
+        f"commit {commit}{dirty}, and the time they imply on an "
+        f"{gpu['name']}.", '', *GPU_PROXY_TEXT,
+        PATH_TEXT[proxy.get('path', 'cpu')],
+        f"- Estimate on the {gpu['name']}: launch = operations x launch "
+        f"cost; memory = bytes written / bandwidth; compute = FLOPs / "
+        f"peak rate; estimate = max(launch, memory + compute): the device "
+        f"runs memory-bound and compute-bound kernels one after another "
+        f"(their times add), while the host launches asynchronously ahead "
+        f"of it (the step takes the longer of the two). Reads are not "
+        f"counted, so memory is a lower bound of the traffic's time. "
+        f"\"bound\" names the longer side.", '',
+        '| constant | value | source |', '| --- | ---: | --- |',
+        f"| launch cost per operation | {gpu['launch_s'] * 1e6:g} us | "
+        f"{sources.get('launch_s', '-')} |",
+        f"| memory bandwidth | {gpu['bandwidth'] / 1e12:g} TB/s | "
+        f"{sources.get('bandwidth', '-')} |",
+        f"| peak arithmetic rate | {gpu['peak_flops'] / 1e12:g} TFLOP/s | "
+        f"{sources.get('peak_flops', '-')} |",
+        '', '| step | model | operations | bytes written (GB) | host syncs |'
+        ' GFLOP | launch (ms) | memory (ms) | compute (ms) | estimate (ms) |'
+        ' bound | counted on |',
+        '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: '
+        '| --- | --- |']
+    for r in rows:
+        lines.append(
+            f"| {step_name(r['mode'], r['shape'])} | "
+            f"{LABELS.get(r['model'], r['model'])} | {r['ops']:,} | "
+            f"{_gb(r['bytes_written'])} | {r['syncs']} | "
+            f"{r['flops'] / 1e9:.1f} | {_ms(r['launch_s'])} | "
+            f"{_ms(r['memory_s'])} | {_ms(r['compute_s'])} | "
+            f"{_ms(r['estimate_s'])} | {r['bound']} | "
+            f"{COUNTED_ON.get(r.get('counted_on'), '-')} |")
+    entries = (report.get('targets') or {}).get('gpu_proxy') or []
+    if entries:
+        lines += ['', 'PosMLP-T against Swin-T (ratios, below 1 is better; '
+                  'host syncs PosMLP-T / Swin-T) and the targets of issue '
+                  '30:', '',
+                  '| step | operations | bytes written | FLOPs | estimate |'
+                  ' host syncs | target |',
+                  '| --- | ---: | ---: | ---: | ---: | ---: | --- |']
+        for e in entries:
+            lines.append(
+                f"| {step_name(e['mode'], e['shape'])} | "
+                f"{fmt(e['ops_ratio'], '.2f')} | "
+                f"{fmt(e['bytes_ratio'], '.2f')} | "
+                f"{fmt(e['flop_ratio'], '.2f')} | "
+                f"{fmt(e['estimate_ratio'], '.2f')} | "
+                f"{e['syncs'][0]} / {e['syncs'][1]} | {verdict(e)} |")
+    top = [r for r in rows if r['model'] == 'posmlp_t' and r.get('by_op')]
+    if top:
+        lines += ['', "PosMLP-T's most frequent operations per step (count):",
+                  '']
+        for r in top:
+            common = list(r['by_op'].items())[:10]
+            lines.append(f"- {step_name(r['mode'], r['shape'])}: "
+                         + ', '.join(f'`{k}` {v}' for k, v in common))
+    return lines
+
+
 def markdown(report: dict) -> str:
     env, cal = report['environment'], report['calibration']
     cal.setdefault('all_gflops', [cal['peak_gflops']])
@@ -414,6 +600,7 @@ def markdown(report: dict) -> str:
                   f"{c['max_abs_diff']:.2e} (outputs up to "
                   f"{c['max_abs_output']:.1f})."]
     lines += training_markdown(report)
+    lines += gpu_proxy_markdown(report)
     lines += ['', f"Run time: {report['run_seconds'] / 60:.1f} min."]
     return '\n'.join(lines) + '\n'
 

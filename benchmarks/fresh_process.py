@@ -2,7 +2,7 @@
 
 Run by ``training.footprint_in_fresh_process`` as::
 
-    python -m posmlp_dense.bench.fresh_process '<JSON spec>'
+    python -m benchmarks.fresh_process '<JSON spec>'
 
 The spec names the case, the device, the seed, an optional PosMLP arch and
 the file to write the result to. The process builds that one model and its
@@ -22,7 +22,7 @@ from .training import TrainingCase, footprint, training_job
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        raise SystemExit('usage: python -m posmlp_dense.bench.fresh_process '
+        raise SystemExit('usage: python -m benchmarks.fresh_process '
                          "'<JSON spec>'")
     spec = json.loads(argv[0])
     case = TrainingCase.from_dict(spec['case'])

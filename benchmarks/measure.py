@@ -25,12 +25,9 @@ from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..cli_sizes import parse_dims
-
 MODES = ('fwd', 'fwdbwd')
-# the folder holding posmlp_dense/: the git checkout in a source install
-SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+# the folder holding benchmarks/ (and posmlp_dense/): the git checkout
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def log(msg: str, start: Optional[float] = None):
@@ -358,11 +355,6 @@ def matmul_calibration(device: torch.device, n: int, repeats: int = 5
     return dict(n=n, seconds=times, median_s=med,
                 gflops=2 * n ** 3 / med / 1e9)
 
-
-
-def input_shape(text: str) -> Tuple[int, int, int, int]:
-    """'BxCxHxW' -> (B, C, H, W), positive sizes; an argparse ``type``."""
-    return parse_dims(text, 'BxCxHxW')
 
 
 def size_name(size: Tuple[int, int]) -> str:

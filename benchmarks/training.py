@@ -12,7 +12,7 @@ RetinaNet-PosMLP-T is that config with only its backbone replaced, so both
 have the same FPN neck and RetinaNet head.
 
 Peak memory on a CPU comes from a fresh Python process per case
-(``python -m posmlp_dense.bench.fresh_process``): an allocator keeps
+(``python -m benchmarks.fresh_process``): an allocator keeps
 freed memory for reuse, so in a process that has already run other models
 the resident set does not grow by what a step needs. On CUDA the caching
 allocator's own statistics are exact, and the cases are measured in the
@@ -272,9 +272,10 @@ def footprint_in_fresh_process(case: TrainingCase, device: torch.device,
         out = os.path.join(tmp, 'footprint.json')
         spec = dict(case=case.as_dict(), device=str(device), seed=seed,
                     posmlp_arch=posmlp_arch, out=out)
-        # cwd: ``-m`` then imports this very copy of posmlp_dense
+        # cwd: ``-m`` then imports this very copy of benchmarks and
+        # posmlp_dense
         proc = subprocess.run(
-            [sys.executable, '-m', 'posmlp_dense.bench.fresh_process',
+            [sys.executable, '-m', 'benchmarks.fresh_process',
              json.dumps(spec)], cwd=SOURCE_ROOT, capture_output=True,
             text=True, timeout=timeout)
         if proc.returncode != 0 or not os.path.exists(out):

@@ -31,3 +31,8 @@ def parse_dims(text: str, layout: str, square: bool = False
             f'{text!r}: expected {len(names)} positive sizes '
             f'{layout}{shorthand}, e.g. {example}')
     return tuple(int(p) for p in parts)
+
+
+def input_shape(text: str) -> Tuple[int, int, int, int]:
+    """'BxCxHxW' -> (B, C, H, W), positive sizes; an argparse ``type``."""
+    return parse_dims(text, 'BxCxHxW')

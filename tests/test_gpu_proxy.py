@@ -1,0 +1,329 @@
+"""benchmarks.gpu_proxy: the operations, bytes written, host syncs and FLOPs
+of a step, the time estimate built from them, issue 30's verdicts, and the
+GPU-proxy section of docs/performance.md generated from its JSON."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from benchmarks.doc_sections import end_marker, update_sections
+from benchmarks.gpu_proxy import (H200, NeedsData, OpCounter, count_call,
+                                  count_step, counting_place, estimate,
+                                  run_gpu_proxy)
+from benchmarks.report import gpu_proxy_markdown, gpu_proxy_targets, verdict
+from posmlp_dense import PosMLP
+
+from conftest import TINY_ARCH, load_tool
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(ROOT, 'docs', 'performance.md')
+DOC_JSON = os.path.join(ROOT, 'docs', 'performance', 'gpu_proxy.json')
+
+
+def counted(fn, *args) -> OpCounter:
+    with OpCounter() as counter:
+        fn(*args)
+    return counter
+
+
+def test_a_step_of_known_operations():
+    """Linear + ReLU + .item(): addmm (2 x 3 floats), relu (2 x 3), sum (one
+    float) and the host read; the weight's transpose and the views of the
+    output launch nothing."""
+    lin = nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+
+    def step(x):
+        with torch.no_grad():
+            y = torch.relu(lin(x))
+            y.view(3, 2).permute(1, 0).unsqueeze(0).expand(2, 2, 3)
+            return y.sum().item()
+    counts = count_call(step, x)
+    assert counts['by_op'] == {'addmm': 1, 'relu': 1, 'sum': 1,
+                               '_local_scalar_dense': 1}
+    assert counts['ops'] == 4
+    assert counts['bytes_written'] == 4 * (6 + 6 + 1)
+    assert counts['syncs'] == 1
+    assert counts['syncs_by_op'] == {'_local_scalar_dense': 1}
+    assert counts['flops'] == 2 * 2 * 4 * 3  # the matmul's
+
+
+def test_views_and_allocations_launch_nothing():
+    x = torch.randn(4, 6)
+
+    def views(x):
+        x.view(6, 4), x.reshape(2, 12), x.permute(1, 0), x.transpose(0, 1)
+        x.t(), x[None].expand(3, 4, 6), x.as_strided((2, 2), (1, 1))
+        x[1:3], x[:, 2], x.unsqueeze(0).squeeze(0), x.split(2), x.chunk(3, 1)
+        x.detach(), x.unflatten(1, (2, 3)), x.narrow(0, 1, 2)
+        x.clone().unsqueeze_(0)  # (the clone counts; the in-place view not)
+        torch.empty(5), torch.empty_like(x), x.new_empty(3)
+    c = counted(views, x)
+    assert c.by_op == {'clone': 1}
+    assert c.bytes_written == x.numel() * 4
+    assert c.syncs == 0
+
+
+def test_fills_in_place_and_out_operations_count_what_they_write():
+    a = torch.ones(3)
+
+    def work():
+        torch.zeros(5)                                 # 20 bytes
+        b = torch.empty(4).fill_(2.0)                  # 16 (empty: none)
+        a.add_(1)                                      # 12
+        torch.mul(a, a, out=torch.empty(3))            # 12
+        b.copy_(torch.arange(4.0))                     # 16 + 16
+        torch.zeros(2, dtype=torch.float64).add_(1)    # 16 + 16
+    c = counted(work)
+    assert c.by_op == {'zeros': 2, 'fill_': 1, 'add_': 2, 'mul': 1,
+                       'copy_': 1, 'arange': 1}
+    assert c.bytes_written == 20 + 16 + 12 + 12 + 32 + 32
+    assert c.syncs == 0
+
+
+def test_operations_that_make_the_host_wait_are_host_syncs():
+    x = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    mask = x > 0
+    reps = torch.tensor([1, 2, 1, 1])
+    syncing = [
+        lambda: x.sum().item(), lambda: bool(x[0] > 0), lambda: int(x[2]),
+        lambda: x.nonzero(), lambda: x.masked_select(mask),
+        lambda: x[mask], lambda: torch.unique(x),
+        lambda: torch.equal(x, x), lambda: torch.allclose(x, x),
+        lambda: x.repeat_interleave(reps),
+    ]
+    for fn in syncing:
+        assert counted(fn).syncs == 1, fn
+    not_syncing = [
+        lambda: x * 2, lambda: x[reps], lambda: x.sum(),
+        lambda: torch.where(mask, x, 0.0),
+        lambda: x.repeat_interleave(reps, output_size=5),
+    ]
+    for fn in not_syncing:
+        assert counted(fn).syncs == 0, fn
+
+
+def test_the_backward_is_counted():
+    lin = nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+
+    def forward(x):
+        return lin(x).relu().sum()
+
+    def step(x):
+        forward(x).backward()
+    fwd, both = count_call(forward, x), count_call(step, x)
+    # the loss's gradient, ReLU's, the weight's and the input-free bias's
+    assert both['by_op'].get('threshold_backward') == 1
+    assert both['by_op'].get('mm') == 1  # the weight's gradient (no input's)
+    assert both['ops'] > fwd['ops'] + 2
+    assert both['flops'] == 2 * fwd['flops']
+
+
+def test_a_counted_step_is_a_repeated_one_and_leaves_the_model_as_it_was():
+    model = PosMLP(TINY_ARCH, out_indices=(0, 1, 2, 3))
+    model.eval()
+    first = count_step(model, 'train', (1, 56, 56))
+    again = count_step(model, 'train', (1, 56, 56))
+    assert first == again
+    assert first['ops'] > 0 and first['syncs'] == 0
+    assert not model.training
+    assert all(p.grad is None for p in model.parameters())
+    infer = count_step(model, 'inference', (1, 56, 56))
+    assert 0 < infer['ops'] < first['ops']
+    assert infer['flops'] < first['flops']
+
+
+def test_where_steps_are_counted():
+    cpu, cuda = torch.device('cpu'), torch.device('cuda')
+    # the CUDA path: real CUDA tensors on a GPU; without one, fake CUDA
+    # tensors for inference and the CPU for training
+    assert counting_place('inference', 'cuda', cuda) == 'cuda'
+    assert counting_place('train', 'cuda', cuda) == 'cuda'
+    assert counting_place('inference', 'cuda', cpu) == 'fake-cuda'
+    assert counting_place('train', 'cuda', cpu) == 'cpu'
+    assert counting_place('inference', 'cpu', cuda) == 'cpu'
+    with pytest.raises(ValueError, match='unknown path'):
+        counting_place('train', 'tpu', cpu)
+
+
+def test_fake_cuda_counts_the_same_operations_without_a_gpu():
+    """A model without device-dependent code counts the same on fake CUDA
+    tensors as on real CPU ones (PosMLP, which has such code, is why the
+    CUDA path is counted at all); a backward there is refused by name."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GELU(),
+                          nn.Conv2d(8, 4, 1), nn.LayerNorm(16))
+    cpu = count_step(model, 'inference', (2, 16, 16), 'cpu')
+    fake = count_step(model, 'inference', (2, 16, 16), 'fake-cuda')
+    for key in ('ops', 'bytes_written', 'syncs', 'flops', 'by_op'):
+        assert fake[key] == cpu[key], key
+    assert next(model.parameters()).device.type == 'cpu'  # a copy moved
+    with pytest.raises(ValueError, match='needs a GPU'):
+        count_step(model, 'train', (2, 16, 16), 'fake-cuda')
+
+
+class Branching(nn.Module):
+    """A forward that reads a value of its input on the host."""
+
+    def forward(self, x):
+        if x.mean() > 100:  # a host sync
+            x = x * 2
+        return (x + 1,)
+
+
+def test_a_step_that_syncs_is_counted_on_real_tensors():
+    with pytest.raises(NeedsData, match='reads device data'):
+        count_step(Branching(), 'inference', (1, 8, 8), 'fake-cuda')
+    proxy = run_gpu_proxy({'toy': Branching()}, [('inference', (1, 8, 8))],
+                          torch.device('cpu'))
+    (row,) = proxy['rows']
+    assert row['counted_on'] == 'cpu' and row['path'] == 'cuda'
+    assert row['syncs'] == 1 and row['ops'] == 4  # mean, gt, read, add
+
+
+def test_the_estimate_takes_the_longer_of_launching_and_the_devices_work():
+    # launch-bound: 1000 ops x 5 us = 5 ms; memory 1 ms + compute 1 ms
+    e = estimate(1000, 4.8e9, 67e9, H200)
+    assert e['launch_s'] == pytest.approx(5e-3)
+    assert e['memory_s'] == pytest.approx(1e-3)
+    assert e['compute_s'] == pytest.approx(1e-3)
+    assert e['estimate_s'] == pytest.approx(5e-3) and e['bound'] == 'launch'
+    # device-bound: memory and compute add up
+    e = estimate(10, 4.8e12, 67e12, H200)
+    assert e['estimate_s'] == pytest.approx(2.0) and e['bound'] == 'device'
+
+
+def test_the_documented_constants_are_the_ones_used():
+    assert (H200.launch_s, H200.bandwidth, H200.peak_flops) == (
+        5e-6, 4.8e12, 67e12)
+    section = doc_section()
+    for value in ('| 5 us |', '| 4.8 TB/s |', '| 67 TFLOP/s |'):
+        assert value in section
+    assert 'NVIDIA H200 SXM' in section
+
+
+def doc_section() -> str:
+    with open(DOC, encoding='utf-8') as f:
+        text = f.read()
+    match = re.search(r'^<!-- generated: gpu-proxy\b[^\n]*-->\n(.*?)^'
+                      + re.escape(end_marker('gpu-proxy')), text,
+                      re.MULTILINE | re.DOTALL)
+    assert match, 'docs/performance.md has no generated gpu-proxy section'
+    return match.group(1)
+
+
+def test_the_docs_section_is_the_one_generated_from_its_json():
+    """docs/performance.md's GPU-proxy section is written from the JSON it
+    names (tools/benchmark.py --from-json ... --update-doc), not by hand."""
+    from benchmarks.report import target_lines
+    with open(DOC_JSON) as f:
+        report = json.load(f)
+    report['targets'] = target_lines(report)
+    body = '\n'.join(gpu_proxy_markdown(report, heading='##')).strip('\n')
+    assert doc_section().strip('\n') == body
+    models = {r['model'] for r in report['gpu_proxy']['rows']}
+    assert {'posmlp_t', 'swin_t', 'resnet50'} <= models
+
+
+def test_generated_sections_replace_only_their_own_lines():
+    page = ('# Title\n\nhand-written\n\n<!-- generated: gpu-proxy old -->\n'
+            'old table\n<!-- end generated: gpu-proxy -->\n\nmore prose\n')
+    new = update_sections(page, {'gpu-proxy': '## New\n\n| a |'}, 'x.json')
+    assert new.startswith('# Title\n\nhand-written\n\n<!-- generated: '
+                          'gpu-proxy by tools/benchmark.py')
+    assert 'from x.json' in new
+    assert '## New\n\n| a |\n<!-- end generated: gpu-proxy -->\n\nmore prose' \
+        in new and 'old table' not in new
+    # idempotent: the rewritten page has the markers again
+    assert update_sections(new, {'gpu-proxy': '## New\n\n| a |'},
+                           'x.json') == new
+    with pytest.raises(ValueError, match="sections 'gpu-proxy'"):
+        update_sections('# no markers\n', {'gpu-proxy': ''}, 'x.json')
+
+
+def row(model, mode, ops, nbytes, syncs=0, flops=100.0):
+    return dict(model=model, mode=mode, shape=[2, 512, 512], ops=ops,
+                bytes_written=nbytes, syncs=syncs, flops=flops,
+                **estimate(ops, nbytes, flops))
+
+
+def test_issue_30_targets_per_step():
+    def judge(mode, ops, nbytes, syncs=0):
+        (entry,) = gpu_proxy_targets([row('posmlp_t', mode, ops, nbytes,
+                                          syncs),
+                                      row('swin_t', mode, 100, 1000),
+                                      row('resnet50', mode, 50, 10)])
+        return entry
+    e = judge('inference', 100, 1000)
+    assert e['met'] and e['ops_ratio'] == 1.0 and e['bytes_ratio'] == 1.0
+    assert e['missed'] == []
+    e = judge('inference', 101, 900)
+    assert not e['met'] and e['missed'] == ['ops 1.01x']
+    assert verdict(e).endswith('(NOT met); over: ops 1.01x')
+    assert judge('train', 150, 1000)['met']  # training: up to 1.5x
+    e = judge('train', 151, 1001, syncs=2)
+    assert e['missed'] == ['ops 1.51x', 'bytes written 1.00x', '2 host syncs']
+    assert e['syncs'] == [2, 0]
+    # a step that Swin-T lacks has no verdict
+    assert gpu_proxy_targets([row('posmlp_t', 'train', 1, 1)]) == []
+
+
+def test_benchmark_gpu_proxy_only(tmp_path):
+    bench = load_tool('benchmark')
+    page = tmp_path / 'perf.md'
+    page.write_text('# Perf\n\n<!-- generated: gpu-proxy -->\n'
+                    '<!-- end generated: gpu-proxy -->\n\nhand-written\n')
+    out = tmp_path / 'proxy.json'
+    report = bench.main([
+        '--gpu-proxy-only', '--device', 'cpu',
+        '--posmlp-arch', json.dumps(TINY_ARCH),
+        '--gpu-proxy-models', 'posmlp_t,swin_t',
+        '--gpu-proxy-steps', 'inference:1x56x56,train:1x56x56',
+        '--calib-size', '128', '--out', str(out),
+        '--update-doc', str(page)])
+    assert report['results'] == [] and report['training'] == []
+    rows = json.loads(out.read_text())['gpu_proxy']['rows']
+    assert [(r['model'], r['mode']) for r in rows] == [
+        ('posmlp_t', 'inference'), ('swin_t', 'inference'),
+        ('posmlp_t', 'train'), ('swin_t', 'train')]
+    assert all(r['ops'] > 0 and r['estimate_s'] > 0 for r in rows)
+    assert [r['counted_on'] for r in rows] == ['fake-cuda'] * 2 + ['cpu'] * 2
+    entries = report['targets']['gpu_proxy']
+    assert [e['mode'] for e in entries] == ['inference', 'train']
+    text = page.read_text()
+    assert text.startswith('# Perf\n\n<!-- generated: gpu-proxy by ')
+    assert text.endswith('\n\nhand-written\n')
+    assert '## GPU proxy' in text and verdict(entries[0]) in text
+    assert '### GPU proxy' in (tmp_path / 'proxy.md').read_text()
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--gpu-proxy-only', '--gpu-proxy-steps', 'fwd:1x64x64'],
+     'bad --gpu-proxy-steps entry'),
+    (['--gpu-proxy-only', '--gpu-proxy-steps', 'train:64x64'],
+     'bad --gpu-proxy-steps shape'),
+    (['--gpu-proxy-only', '--gpu-proxy-models', 'vit'],
+     'unknown GPU-proxy model'),
+])
+def test_benchmark_refuses_bad_gpu_proxy_options(argv, message, tmp_path):
+    bench = load_tool('benchmark')
+    with pytest.raises(SystemExit, match=message):
+        bench.main(argv + ['--out', str(tmp_path)])
+
+
+def test_update_doc_is_checked_before_the_run(tmp_path, capsys):
+    bench = load_tool('benchmark')
+    page = tmp_path / 'plain.md'
+    page.write_text('# no markers\n')
+    with pytest.raises(SystemExit):
+        bench.parse_args(['--gpu-proxy-only', '--update-doc', str(page)])
+    assert "sections 'gpu-proxy'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # nothing would write the section
+        bench.parse_args(['--update-doc', DOC])
+    assert 'add --gpu-proxy' in capsys.readouterr().err
