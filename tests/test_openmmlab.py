@@ -302,7 +302,8 @@ def _val_metrics(runner, prefix):
             if k.startswith('val/' + prefix)}
 
 
-# docs/training.md's recipe for a training checkpoint opened without its config.
+# docs/training.md's recipe for a training checkpoint opened without its
+# config.
 INFERENCER = r'''
 import sys
 
