@@ -183,7 +183,7 @@ def test_registered_in_both_registries_with_scopes():
     assert not any(p.requires_grad for p in backbone.levels[0].parameters())
 
 
-# The README's mmseg example: a user config that swaps the backbone of
+# docs/training.md's mmseg example: a user config that swaps the backbone of
 # mmseg's UperNet R-50 base, whose model.pretrained is ResNet's weights.
 SWAPPED_UPERNET = """
 _base_ = ['mmseg::_base_/models/upernet_r50.py',
@@ -302,7 +302,8 @@ def _val_metrics(runner, prefix):
             if k.startswith('val/' + prefix)}
 
 
-# The README's recipe for a training checkpoint opened without its config.
+# docs/training.md's recipe for a training checkpoint opened without its
+# config.
 INFERENCER = r'''
 import sys
 
@@ -354,7 +355,7 @@ def test_detector_trains_checkpoints_evaluates_resumes(data_root, tmp_path):
     for key, value in metrics.items():
         assert tested[key] == pytest.approx(value, abs=1e-6), key
 
-    # opened without its config: the README's one line makes it load
+    # opened without its config: docs/training.md's one line makes it load
     res = _run_tool('-c', INFERENCER, path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert 'without the runtime: UnpicklingError' in res.stdout

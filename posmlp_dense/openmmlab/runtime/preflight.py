@@ -340,7 +340,7 @@ def _posmlp_weights_fix(arch, checkpoint_key: str, drop_key: str,
         return (f'{name} ImageNet weights were never released (the authors\' '
                 f'README lists PosMLP-S as "released soon" and has no '
                 f'PosMLP-B download). Pretrain them on ImageNet-1k with the '
-                f'published recipe (README, "Pretrained weights"):\n'
+                f'published recipe (docs/weights.md):\n'
                 f'    {pretrain_command(arch)}\n'
                 f'  then: --cfg-options {checkpoint_key}='
                 f'work_dirs/pretrain/posmlp_{arch[0].lower()}/last.pth\n'
