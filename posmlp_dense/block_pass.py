@@ -51,7 +51,7 @@ def block_pass(x: torch.Tensor, w: BlockWeights, mixing: Mixing,
     per-sample (B,) scale, or None; ``gate_input``: the gate's transform of
     u before the mixing (GateUnit.prepare_input), or None."""
     B, H, W, C = x.shape
-    normed = F.layer_norm(x.view(-1, C), (C,), w.norm_weight, w.norm_bias,
+    normed = F.layer_norm(x.reshape(-1, C), (C,), w.norm_weight, w.norm_bias,
                           w.eps)
     hidden = torch.addmm(w.expand_bias.unsqueeze(1), w.expand_weight,
                          normed.t())
