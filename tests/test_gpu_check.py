@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from posmlp_dense.gpu_check import cli
+from posmlp_dense.optional_deps import is_installed
 
 from conftest import load_tool
 
@@ -115,10 +116,11 @@ def test_dry_run_without_openmmlab(tmp_path):
         {'fwd', 'fwdbwd'}
 
 
+@pytest.mark.skipif(not all(map(is_installed, ('mmengine', 'mmcv', 'mmdet'))),
+                    reason='needs the OpenMMLab stack')
 def test_detector_rows_where_openmmlab_is_installed(tmp_path):
     """Tier 2 in this environment (which has the OpenMMLab stack): a
     RetinaNet train iteration and a predict, beside RetinaNet-Swin-T."""
-    pytest.importorskip('mmdet')
     proc, report = _run_check(tmp_path, '--only', 'detector', hide=False)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     rows = [r for r in report['checks'] if r['section'] == 'detector']

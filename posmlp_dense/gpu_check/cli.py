@@ -299,8 +299,9 @@ class GpuCheck:
                      f'{torch.version.cuda}, cuDNN '
                      f'{torch.backends.cudnn.version()}')
         else:
-            where = (f'CPU dry run ({env.get("cpu_model", "?")}, '
-                     f'{torch.get_num_threads()} threads)')
+            threads = torch.get_num_threads()
+            where = (f'CPU dry run ({env.get("cpu_model", "?")}, {threads} '
+                     f'thread{"s" if threads > 1 else ""})')
         mm = [n for n, there in env['openmmlab'].items() if there]
         detail = (f'{where}; python {env["python"]}; '
                   + ', '.join(f'{n} {v}' for n, v in versions.items())

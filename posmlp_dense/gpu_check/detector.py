@@ -165,6 +165,6 @@ def _describe(rows: List[dict], repeats: int, warmup: int) -> str:
         parts.append(f"{row['label']} {ms(row['median_s'])}"
                      + ('' if mb is None else
                         f', max_memory_allocated {mb:.0f} MB'))
-    return (f'median of {repeats} after {warmup} warm-up; '
-            + '; '.join(parts) + f"; time ratio "
+    return (f'median of {repeats} after {warmup} warm-up: '
+            + ' | '.join(parts) + f" | time ratio "
             f"{ours['median_s'] / swin['median_s']:.2f}")

@@ -58,16 +58,16 @@ def compare(models: Dict[str, nn.Module], labels: Dict[str, str],
     for row in rows:
         text = f"{row['label']} {ms(row['median_s'])}, {_memory(row)}"
         if row is not ours:
-            text += (f" ({ours['label']} / this: time "
-                     f"{ours['median_s'] / row['median_s']:.2f}")
+            text += (f", {ours['label']} at "
+                     f"{ours['median_s'] / row['median_s']:.2f}x its time")
             theirs = row['max_memory_allocated_mb']
             if theirs:
-                text += (f", memory "
-                         f"{ours['max_memory_allocated_mb'] / theirs:.2f}")
-            text += ')'
+                text += (f", "
+                         f"{ours['max_memory_allocated_mb'] / theirs:.2f}x "
+                         f"its memory")
         parts.append(text)
-    detail = (f'median of {repeats} after {warmup} warm-up; '
-              + '; '.join(parts))
+    detail = (f'median of {repeats} after {warmup} warm-up: '
+              + ' | '.join(parts))
     return Verdict(True, detail, dict(rows=[
         {k: r[k] for k in ('model', 'mode', 'median_s',
                            'max_memory_allocated_mb')} for r in rows])), rows
