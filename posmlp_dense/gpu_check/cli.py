@@ -21,7 +21,6 @@ import datetime
 import gc
 import json
 import platform
-import sys
 import time
 from importlib import metadata
 from typing import Callable, Dict, List, Tuple
@@ -152,7 +151,7 @@ class GpuCheck:
             tool='posmlp_dense.gpu_check',
             time=datetime.datetime.now().isoformat(timespec='seconds'),
             config=dict(
-                argv=sys.argv[1:], device=str(self.device), profile=p.name,
+                device=str(self.device), profile=p.name,
                 arch=p.arch, compile_backend=self.args.compile_backend,
                 time_limit=self.args.time_limit, seed=self.seed,
                 sections=self.args.only, repeats=p.repeats,
