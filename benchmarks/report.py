@@ -523,6 +523,8 @@ def markdown(report: dict) -> str:
             f"- Median of {cfg['repeats']} timed runs per model, interleaved "
             f"round by round on the same input, after {cfg['warmup']} "
             f"warm-up run(s); random initialization.",
+            *([f"- Baselines: {cfg['baselines']}."] if cfg.get('baselines')
+              else []),
             "- fwd: eval mode without autograd; fwdbwd: train mode, forward, "
             "the sum of the first half of every level's output channels, "
             "backward.",

@@ -416,7 +416,7 @@ def test_step_flops_counts_a_real_training_step(model_name):
 
 
 def test_training_rows_without_flop_counting(one_thread):
-    """--no-count (flop_count=None, as tools/gpu_check.sh runs it) skips
+    """--no-count (flop_count=None, e.g. for a short CUDA run) skips
     the FLOP count of the training rows; the report shows a dash."""
     from benchmarks.report import training_markdown
     case = TrainingCase('backbone', 'posmlp_t', False, (1, 32, 32))
