@@ -5,7 +5,7 @@ segmentor train and predict on CUDA.
 Every test here is marked ``gpu`` and skipped where torch sees no CUDA
 device; ``pytest -m gpu tests/test_gpu.py`` runs them in the project's full
 environment. The GPU check for a machine with torch and timm alone is
-``python -m posmlp_dense.gpu_check`` (docs/gpu.md).
+``python -m benchmarks.gpu_check`` (docs/gpu.md).
 
 CUDA-against-CPU comparisons switch TF32 off for their duration (cuDNN
 convolutions use it by default, which alone changes results by ~1e-3), so

@@ -1,4 +1,4 @@
-"""The GPU check (``python -m posmlp_dense.gpu_check``) cannot rot: it runs
+"""The GPU check (``python -m benchmarks.gpu_check``) cannot rot: it runs
 here as a dry run, on the CPU, with a tiny model, in a fresh interpreter
 where the OpenMMLab packages cannot be imported, as on the GPU test
 machine (which has torch, timm and the ONNX packages only). A hidden
@@ -15,7 +15,7 @@ import textwrap
 import pytest
 import torch
 
-from posmlp_dense.gpu_check import cli
+from benchmarks.gpu_check import cli
 from posmlp_dense.optional_deps import is_installed
 
 from conftest import load_tool
@@ -61,7 +61,7 @@ def _run_check(tmp_path, *args, hide=True):
     out = tmp_path / 'gpu_check.json'
     # cwd: the repository root; -m imports this very source tree
     proc = subprocess.run(
-        [sys.executable, '-m', 'posmlp_dense.gpu_check', '--device', 'cpu',
+        [sys.executable, '-m', 'benchmarks.gpu_check', '--device', 'cpu',
          '--tiny', '--json', str(out), *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     report = json.loads(out.read_text()) if out.exists() else None

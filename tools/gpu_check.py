@@ -8,11 +8,11 @@ a machine where it is not installed (the GPU test machine), run the same
 command as a module from the repository root, which takes the package
 from the source tree:
 
-    python -m posmlp_dense.gpu_check --json $OUT/gpu_check.json
+    python -m benchmarks.gpu_check --json $OUT/gpu_check.json
 """
 import sys
 
-from posmlp_dense.gpu_check import main
+from benchmarks.gpu_check import main
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (posmlp_dense/gpu_check, docs/gpu.md), run from the
+# The GPU check (benchmarks/gpu_check, docs/gpu.md), run from the
 # repository root as a module so that the package comes from this source
 # tree. Arguments go to the check, e.g.
 #
@@ -19,5 +19,5 @@ if [ -x "$VENV/bin/python" ]; then
 else
     PY="$(command -v python3)" || { echo "no python3 on PATH" >&2; exit 1; }
 fi
-echo "gpu_check.sh: $PY -m posmlp_dense.gpu_check $*"
-cd "$ROOT" && exec "$PY" -m posmlp_dense.gpu_check "$@"
+echo "gpu_check.sh: $PY -m benchmarks.gpu_check $*"
+cd "$ROOT" && exec "$PY" -m benchmarks.gpu_check "$@"

@@ -1,8 +1,8 @@
 """GPU check of posmlp_dense with torch and timm alone (tier 1), and the
 OpenMMLab stack where it is importable (tier 2).
 
-    python -m posmlp_dense.gpu_check --json $OUT/gpu_check.json
-    python -m posmlp_dense.gpu_check --device cpu --tiny   # a dry run
+    python -m benchmarks.gpu_check --json $OUT/gpu_check.json
+    python -m benchmarks.gpu_check --device cpu --tiny   # a dry run
 
 Run from the repository root: ``-m`` imports the package from the source
 tree, so nothing is installed or built. Sections, in order: numerics
@@ -28,11 +28,11 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-from ..archs import GATES
-from ..atomic_io import atomic_write_bytes
-from ..bench.measure import MEMORY_METHODS, environment, matmul_calibration
-from ..bench.report import target_lines
-from ..optional_deps import is_installed
+from posmlp_dense.archs import GATES
+from posmlp_dense.atomic_io import atomic_write_bytes
+from ..measure import MEMORY_METHODS, environment, matmul_calibration
+from ..report import target_lines
+from posmlp_dense.optional_deps import is_installed
 from . import detector as tier2
 from .compiled import compiled_step
 from .models import LABELS, perturb_, posmlp, speed_models
@@ -55,7 +55,7 @@ Check = Tuple[str, Callable[[], Verdict]]
 def parse_args(argv=None) -> argparse.Namespace:
     doc = __doc__.split('\n')
     p = argparse.ArgumentParser(
-        prog='python -m posmlp_dense.gpu_check', description=doc[0],
+        prog='python -m benchmarks.gpu_check', description=doc[0],
         epilog='\n'.join(doc[2:]),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--device', choices=('cuda', 'cpu'), default='cuda',
@@ -149,7 +149,7 @@ class GpuCheck:
                    openmmlab={n: is_installed(n) for n in OPENMMLAB})
         cuda = self.device.type == 'cuda'
         return dict(
-            tool='posmlp_dense.gpu_check',
+            tool='benchmarks.gpu_check',
             time=datetime.datetime.now().isoformat(timespec='seconds'),
             config=dict(
                 device=str(self.device), profile=p.name,

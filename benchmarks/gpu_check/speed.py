@@ -13,7 +13,7 @@ from typing import Dict, List, Tuple
 import torch
 from torch import nn
 
-from ..bench.measure import make_input, make_step, set_mode
+from ..measure import make_input, make_step, set_mode
 from .models import count_params
 from .rows import Verdict
 from .timing import MB, interleaved, ms, peak_memory

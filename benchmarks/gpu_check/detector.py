@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..optional_deps import is_installed
+from posmlp_dense.optional_deps import is_installed
 from .rows import Skip, Verdict
 from .timing import MB, interleaved, ms, peak_memory
 
@@ -62,7 +62,7 @@ class Detectors:
 
     def _build(self) -> dict:
         require_openmmlab(self.device)
-        from ..bench.training import (DETECTOR_LABELS, TrainingCase,
+        from ..training import (DETECTOR_LABELS, TrainingCase,
                                       detection_batch, training_job)
         posmlp_arch = None if self.arch == 't' else dict(self.arch)
         built = dict(jobs={}, models={}, labels={}, cases={})

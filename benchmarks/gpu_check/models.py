@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import PosMLP
+from posmlp_dense import PosMLP
 
 # Stochastic depth of PosMLP-T and Swin-T in their detection configs (as
 # the benchmark builds them).
@@ -83,7 +83,7 @@ def timm_resnet50() -> nn.Module:
 
 def speed_models(arch, seed: int = 0) -> Dict[str, nn.Module]:
     """PosMLP (``arch``), Swin-T and ResNet-50 with random weights, in the
-    benchmark's names (``posmlp_dense.bench.models``)."""
+    benchmark's names (``benchmarks.models``)."""
     models = {'posmlp_t': posmlp(arch, drop_path_rate=DROP_PATH, seed=seed)}
     torch.manual_seed(seed)
     models['swin_t'] = TimmSwinT()

@@ -9,7 +9,7 @@ from typing import Tuple
 import torch
 from torch import nn
 
-from ..bench.measure import make_input
+from ..measure import make_input
 from .numerics import relative
 from .rows import Verdict
 from .timing import interleaved, ms

@@ -16,7 +16,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..export.coverage import describe_coverage
+from posmlp_dense.export.coverage import describe_coverage
 from .rows import Skip, Verdict
 
 # Relative L2 error allowed between fp32 on the device and the float64

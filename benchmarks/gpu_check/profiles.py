@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Tuple, Union
 
-from ..archs import ARCH_SETTINGS
+from posmlp_dense.archs import ARCH_SETTINGS
 
 # A reduced PosMLP with PosMLP-T's windows (14, 14, 14, 7), so the sizes
 # below cover its windows exactly as they cover PosMLP-T's.

@@ -12,7 +12,7 @@ from typing import Tuple
 
 from torch import nn
 
-from ..export import (ExportDependencyError, export_verified,
+from posmlp_dense.export import (ExportDependencyError, export_verified,
                       require_export_dependencies)
 from .rows import Skip, Verdict
 
