@@ -125,8 +125,8 @@ def split_tokens(rows: torch.Tensor, grid: WindowGrid) -> torch.Tensor:
     ``Mixing.bias`` and ``Mixing.scale`` apply. (Merged first, then split:
     a reshape that regroups a window count directly makes a tracer guard
     on whether it is 1.)"""
-    return rows.view(rows.shape[0], -1).view(rows.shape[0], -1,
-                                             grid.padded_tokens)
+    return rows.reshape(rows.shape[0], -1).view(rows.shape[0], -1,
+                                                grid.padded_tokens)
 
 
 def gated_mixing(u: torch.Tensor, v: torch.Tensor, mixing: Mixing,

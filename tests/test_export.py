@@ -86,9 +86,9 @@ def test_torch_export_dynamic_size_matches_eager_at_other_sizes(gate):
 
 @pytest.mark.parametrize('gate', GATES)
 def test_size_oblivious_export_matches_eager(gate):
-    """A program captured with size-oblivious tracing (as posmlp_dense.export
-    does; the SGU gate's LayerNorm over u needs it) takes every size, with
-    eager's numbers."""
+    """A program captured with size-oblivious tracing (which the SGU gate
+    needs: the tracer cannot prove its levels' maps taller than one token)
+    takes every size, with eager's numbers."""
     model = _model(gate)
     example = torch.randn(1, 3, *EXPORT_SIZE)
     with fx_config.patch(backed_size_oblivious=True):
