@@ -215,18 +215,11 @@ def counting_place(mode: str, path: str, device: torch.device) -> str:
     models' ``path`` ('cuda' or 'cpu'), on a run whose device is
     ``device``.
 
-    A model may run differently on a GPU: PosMLP's inference works on a
-    CPU in cache-sized runs of tokens and in strips (more operations), on
-    a GPU on whole window classes. Path 'cuda': real CUDA tensors when the
-    run has a GPU; without one, fake CUDA tensors for inference, and real
-    CPU tensors for training, as autograd's engine needs a GPU for a
-    backward on CUDA tensors, fake or not (PosMLP-T's CPU training path
-    differs from its CUDA path by one copy in the stem's forward, counted
-    on fake tensors). Fake tensors are not used on a training step either
-    way: they change what PosMLP does where its caches key on storage
-    addresses, which fake tensors lack (its training step at 2 x 3 x 512 x
-    512 counted 4747 operations on fake CPU tensors, against the 4410 it
-    runs)."""
+    A model may run differently on a GPU (PosMLP-T's stem trains in NCHW
+    on a CPU, channels-last elsewhere: one copy). Path 'cuda': real CUDA
+    tensors when the run has a GPU; without one, fake CUDA tensors for
+    inference, and real CPU tensors for training, as autograd's engine
+    needs a GPU for a backward on CUDA tensors, fake or not."""
     if path not in PATHS:
         raise ValueError(f'unknown path {path!r}; choose from {PATHS}')
     if path == 'cpu':

@@ -385,20 +385,14 @@ GPU_PROXY_TEXT = (
 COUNTED_ON = {'cuda': 'CUDA tensors', 'fake-cuda': 'fake CUDA tensors',
               'cpu': 'CPU tensors'}
 PATH_TEXT = {
-    'cuda': "- Counted on the models' CUDA code path (a model may run "
-            "differently on a CPU: PosMLP-T's inference there works in "
-            "cache-sized runs of tokens and in strips, more operations). "
-            "Without a GPU, inference steps run on fake CUDA tensors "
-            "(FakeTensorMode: shapes without data), and training steps on "
-            "the CPU, since autograd needs a GPU for a backward on CUDA "
-            "tensors; PosMLP-T's CPU training path has one copy fewer "
-            "than its CUDA path (its stem's channels-last input). Fake "
-            "tensors are not used for training: PosMLP's caches key on "
-            "storage addresses, which fake tensors lack, and a step on them "
-            "counts operations the real step does not run.",
+    'cuda': "- Counted on the models' CUDA code path. Without a GPU, "
+            "inference steps run on fake CUDA tensors (FakeTensorMode: "
+            "shapes without data), and training steps on the CPU, since "
+            "autograd needs a GPU for a backward on CUDA tensors; "
+            "PosMLP-T's CPU training path differs from its CUDA path by "
+            "one copy (its stem's channels-last input).",
     'cpu': "- Counted on the models' CPU code path, real CPU tensors "
-           "throughout (`--gpu-proxy-path cpu`); PosMLP-T's inference takes "
-           "more operations on it than on its CUDA path.",
+           "throughout (`--gpu-proxy-path cpu`).",
 }
 
 
