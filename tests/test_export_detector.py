@@ -26,7 +26,7 @@ from posmlp_dense.export.detection import (  # noqa: E402
     UnsupportedDetectorError, build_detector, detector_end2end,
     verify_detector_onnx)
 from posmlp_dense.export.detection.verification import (  # noqa: E402
-    compare_image, tensor_samples)
+    MASK_PIXELS, compare_image, mask_agreement, tensor_samples)
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RETINANET_T = osp.join(ROOT, 'configs', 'retinanet_posmlp_t_fpn_1x_coco.py')
@@ -200,6 +200,51 @@ def test_file_of_other_weights_is_refused(retinanet_export):
     assert not report.passed
     assert 'NOT verified' in report.verdict()
     assert 'without a partner' in report.table()
+
+
+@pytest.mark.parametrize('family', ['retinanet', 'faster_rcnn',
+                                    'mask_rcnn'])
+def test_deploy_forward_is_mmdets_predict_in_pytorch(family, tmp_path,
+                                                     one_thread):
+    """Before any export: the deploy module gives mmdet's boxes, scores,
+    labels and masks, in the same order (batch 2, an untiled size)."""
+    if family == 'retinanet':
+        config = _write_config(tmp_path, 'tiny.py', TINY_RETINANET,
+                               RETINANET_T)
+        options, make_detect_ = None, make_retinanet_detect_
+    else:
+        config = _write_config(tmp_path, 'tiny.py', TINY_MASK_RCNN,
+                               MASK_RCNN_T)
+        options, make_detect_ = None, make_two_stage_detect_
+        if family == 'faster_rcnn':
+            options = {'model.type': 'FasterRCNN',
+                       'model.roi_head.mask_roi_extractor': None,
+                       'model.roi_head.mask_head': None}
+    detector = make_detect_(randomize_(
+        build_detector(config, cfg_options=options), seed=2))
+    end2end = detector_end2end(detector)
+    x = torch.randn((2, 3, 111, 175),
+                    generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        outputs = end2end(x)
+        expected = detector.predict(x, tensor_samples(x), rescale=False)
+    assert len(outputs) == (3 if family == 'mask_rcnn' else 2)
+    dets, labels = outputs[:2]
+    for b, sample in enumerate(expected):
+        found = sample.pred_instances
+        count = len(found)
+        assert 5 <= count <= dets.shape[1]
+        torch.testing.assert_close(dets[b, :count, :4], found.bboxes,
+                                   rtol=0, atol=1e-4)
+        torch.testing.assert_close(dets[b, :count, 4], found.scores,
+                                   rtol=0, atol=1e-6)
+        assert torch.equal(labels[b, :count], found.labels)
+        assert not dets[b, count:].any() and not labels[b, count:].any()
+        if family == 'mask_rcnn':
+            # a pixel whose value sits at the threshold may round either way
+            _, pixels = mask_agreement(outputs[2][b, :count], found.masks)
+            assert int(pixels.max()) <= MASK_PIXELS
+            assert not outputs[2][b, count:].any()
 
 
 # -------------------------------------------------- NMS with 0, 1, n boxes

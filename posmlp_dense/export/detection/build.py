@@ -50,6 +50,7 @@ def detector_end2end(detector: nn.Module) -> nn.Module:
     if type(detector) in (RetinaNet, SingleStageDetector):
         return RetinaNetEnd2End(detector).eval()
     if type(detector) in (FasterRCNN, MaskRCNN, TwoStageDetector):
+        require_onnxscript_roi_align()
         return TwoStageEnd2End(detector).eval()
     family = ('single-stage' if isinstance(detector, SingleStageDetector)
               else 'two-stage' if isinstance(detector, TwoStageDetector)
@@ -59,6 +60,19 @@ def detector_end2end(detector: nn.Module) -> nn.Module:
         f'writes RetinaNet, Faster R-CNN and Mask R-CNN whole (their '
         f'post-processing is implemented in posmlp_dense/export/detection); '
         f'export its backbone with tools/export.py --arch instead')
+
+
+def require_onnxscript_roi_align():
+    """onnxscript writes torchvision's roi_align correctly from 0.7 on."""
+    from importlib.metadata import version
+    from ..dependencies import ExportDependencyError
+    found = version('onnxscript')
+    if tuple(int(part) for part in found.split('.')[:2]
+             if part.isdigit()) < (0, 7):
+        raise ExportDependencyError(
+            f'two-stage detectors need onnxscript >= 0.7 for RoIAlign '
+            f'(found {found}): pip install -U "onnxscript>=0.7" (or pip '
+            f'install -r requirements/export.txt)')
 
 
 def output_names(end2end: nn.Module):
