@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-r"""Export a PosMLP backbone, mmseg segmentor or mmdet detector to ONNX, verified.
+r"""Export a PosMLP backbone, segmentor or detector to ONNX, verified.
 
     python tools/export.py --arch t --out posmlp_t.onnx
     python tools/export.py --arch s --gate gqpe --checkpoint posmlp_s.pth \
