@@ -356,14 +356,13 @@ def test_segmentor_checkpoint_of_another_model_is_refused(tiny_seg_config,
     assert not out.exists()
 
 
-def test_detector_config_is_refused_with_the_backbone_route(tmp_path):
-    pytest.importorskip('mmdet')
-    config = osp.join(ROOT, 'configs', 'demo',
-                      'retinanet_posmlp_t_fpn_demo-shapes.py')
-    status, _, stderr = _run_tool(['--config', config, '--out',
+def test_config_of_another_framework_is_refused(tmp_path):
+    config = tmp_path / 'classifier.py'
+    config.write_text("default_scope = 'mmpretrain'\nmodel = dict()\n")
+    status, _, stderr = _run_tool(['--config', str(config), '--out',
                                    str(tmp_path / 'x.onnx')])
-    assert status == 2 and 'not an mmseg config' in stderr
-    assert '--arch' in stderr and os.listdir(tmp_path) == []
+    assert status == 2 and 'neither an mmseg nor an mmdet config' in stderr
+    assert os.listdir(tmp_path) == ['classifier.py']
 
 
 TINY_UPERNET_CONFIG = '''
@@ -433,6 +432,7 @@ def test_tool_refuses_to_replace_a_file_without_overwrite(tmp_path):
     ['--arch', 't', '--config', 'c.py', '--out', 'x.onnx'],
     ['--config', 'c.py', '--gate', 'lrpe', '--out', 'x.onnx'],
     ['--arch', 't', '--batch', '1', '--out', 'x.onnx'],
+    ['--arch', 't', '--image', 'photo.jpg', '--out', 'x.onnx'],
     ['--arch', 't'],
 ])
 def test_tool_rejects_bad_arguments(argv, capsys):

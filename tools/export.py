@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-r"""Export a PosMLP backbone or a PosMLP mmseg segmentor to ONNX, verified.
+r"""Export a PosMLP backbone, segmentor or detector to ONNX, verified.
 
     python tools/export.py --arch t --out posmlp_t.onnx
     python tools/export.py --arch s --gate gqpe --checkpoint posmlp_s.pth \
@@ -7,13 +7,20 @@ r"""Export a PosMLP backbone or a PosMLP mmseg segmentor to ONNX, verified.
     python tools/export.py \
         --config configs/fpn_posmlp_t_4xb4-40k_ade20k-512x512.py \
         --checkpoint iter_40000.pth --out fpn_posmlp_t.onnx
+    python tools/export.py --config configs/retinanet_posmlp_t_fpn_1x_coco.py \
+        --checkpoint epoch_12.pth --shape 800 1344 --image photo.jpg \
+        --out retinanet_posmlp_t.onnx
 
 The graph is written by torch's dynamo exporter with dynamic batch, height
 and width, then run in ONNX Runtime at the export size and at the
 ``--verify-sizes`` (by default one size no window tiles and one smaller
-than a window at the deepest level) and compared with eager PyTorch. The
-table of differences is printed; the file is put at ``--out`` only if every
-size matches, otherwise it is deleted (``--keep-unverified`` keeps it as
+than a window at the deepest level) and compared with eager PyTorch: a
+backbone's or segmentor's outputs within tolerance, a detector's boxes
+(RetinaNet, Faster and Mask R-CNN, image to boxes with NMS in the graph;
+docs/export.md) box for box against mmdet's predict, also on the
+``--image`` photographs prepared by the config's test pipeline. The table
+is printed; the file is put at ``--out`` only if every size matches,
+otherwise it is deleted (``--keep-unverified`` keeps it as
 NAME.UNVERIFIED.onnx) and the exit status is 1. Needs the export extra:
 pip install -e ".[export]".
 """
@@ -54,7 +61,9 @@ def parse_args(argv=None):
                        help="backbone: 't', 's', 'b' or a JSON arch dict, "
                        "e.g. '{\"embed_dims\": [32, 64, 128, 256], ...}'")
     model.add_argument('--config', help='mmseg config: export the whole '
-                       "segmentor's tensor forward (decode-head logits)")
+                       "segmentor's tensor forward (decode-head logits); "
+                       'mmdet config (RetinaNet, Faster/Mask R-CNN): the '
+                       'whole detector, image to boxes')
     parser.add_argument('--gate', choices=GATES, default='gqpe',
                         help='backbone gate (with --arch)')
     parser.add_argument('--checkpoint', help='weights: a PosMLP checkpoint '
@@ -74,6 +83,10 @@ def parse_args(argv=None):
                         help='other sizes to check the file at (default: '
                         + ' '.join(f'{h}x{w}' for h, w in DEFAULT_VERIFY_SIZES)
                         + ')')
+    parser.add_argument('--image', nargs='+', default=[], metavar='PHOTO',
+                        help='detectors: also verify on these photographs, '
+                        "prepared by the config's test pipeline and data "
+                        'preprocessor')
     parser.add_argument('--opset', type=int, default=None,
                         help="ONNX opset (default: the exporter's)")
     parser.add_argument('--atol', type=float, default=1e-4,
@@ -95,6 +108,8 @@ def parse_args(argv=None):
                      'every axis whose example size is 1')
     if args.config is not None and args.gate != 'gqpe':
         parser.error('--gate is for --arch; a config names its own gate')
+    if args.image and args.config is None:
+        parser.error('--image is for detectors (--config of an mmdet model)')
     return args
 
 
@@ -135,14 +150,64 @@ def build_segmentor_logits(args):
     return model, name, ['logits']
 
 
+def build_detector_graph(args):
+    """The detector's deploy forward, and how to verify its file."""
+    from posmlp_dense.export.detection import (build_detector,
+                                               detector_end2end, output_names,
+                                               prepare_photo, rows_per_image,
+                                               verify_detector_onnx)
+    detector = build_detector(args.config, args.checkpoint)
+    model = detector_end2end(detector)
+    rows = rows_per_image(model)
+    names = output_names(model)
+    pre = detector.data_preprocessor
+    # mmengine's ImgDataPreprocessor keeps these privately
+    conversion = 'with' if getattr(pre, '_channel_conversion', False) \
+        else 'without'
+    if getattr(pre, '_enable_normalize', False):
+        mean = [round(float(v), 3) for v in pre.mean.flatten()]
+        std = [round(float(v), 3) for v in pre.std.flatten()]
+        normalized = f'normalized as the config does (mean {mean}, std {std}'
+    else:
+        normalized = 'as the config hands them over (no normalization'
+    print(f'input: images {normalized}, {conversion} BGR->RGB), padded to a '
+          f'multiple of {pre.pad_size_divisor} with {pre.pad_value}; '
+          f'outputs: ' + ', '.join(names) + f' with {rows} rows per image '
+          f'(max_per_img), in the input tensor\'s coordinates')
+    photos = [(osp.basename(path), prepare_photo(args.config, detector, path))
+              for path in args.image]
+
+    def verify(path, shapes, export_shape):
+        return verify_detector_onnx(path, detector, shapes,
+                                    export_shape=export_shape, photos=photos,
+                                    rows=rows)
+
+    name = f'{type(detector).__name__} of {osp.basename(args.config)}'
+    return model, name, names, verify
+
+
+def build_model(args):
+    """(model, name, output names, verify or None) for the arguments."""
+    if args.config is None:
+        return (*build_backbone(args), None)
+    from posmlp_dense.export.segmentor import config_scope
+    scope = config_scope(args.config)
+    if scope == 'mmdet':
+        return build_detector_graph(args)
+    if scope == 'mmseg':
+        if args.image:
+            raise ValueError('--image is for detectors; this is an mmseg '
+                             'config')
+        return (*build_segmentor_logits(args), None)
+    raise ValueError(f'{args.config} is neither an mmseg nor an mmdet config '
+                     f'(default_scope {scope!r})')
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
         require_export_dependencies()
-        if args.config is not None:
-            model, name, output_names = build_segmentor_logits(args)
-        else:
-            model, name, output_names = build_backbone(args)
+        model, name, output_names, verify = build_model(args)
         if not args.checkpoint:
             print('no --checkpoint: exporting freshly initialized weights')
     except (ExportDependencyError, FileNotFoundError, ValueError,
@@ -160,7 +225,8 @@ def main(argv=None):
             model, shape, args.out, verify_sizes=args.verify_sizes,
             dynamic_batch=not args.static_batch, opset=args.opset,
             atol=args.atol, rtol=args.rtol, output_names=output_names,
-            keep_unverified=args.keep_unverified, overwrite=args.overwrite)
+            keep_unverified=args.keep_unverified, overwrite=args.overwrite,
+            verify=verify, size_oblivious=verify is not None)
     except FileExistsError as err:
         print(f'error: {err}', file=sys.stderr)
         return 2

@@ -9,7 +9,8 @@ onnxruntime, onnxscript); nothing else in the package imports this.
     print(result.report.table())
 
 ``tools/export.py`` is the command-line front end, also for the tensor
-forward (logits) of an mmseg segmentor (``SegmentorLogits``).
+forward (logits) of an mmseg segmentor (``SegmentorLogits``) and for whole
+mmdet detectors, image to boxes (``posmlp_dense.export.detection``).
 """
 from .dependencies import ExportDependencyError, require_export_dependencies
 from .onnx import (DEFAULT_VERIFY_SIZES, DynamicShapeError, ExportResult,

@@ -14,12 +14,14 @@ sizes, and only then renamed to the target; a file that fails is deleted
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import os.path as osp
 import re
 import time
+import warnings
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -95,13 +97,20 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str, *,
                 input_name: str = 'input',
                 output_names: Optional[Sequence[str]] = None,
                 opset: Optional[int] = None,
-                dynamic_batch: bool = True) -> OnnxGraph:
+                dynamic_batch: bool = True,
+                size_oblivious: bool = False) -> OnnxGraph:
     """Write ``model`` (eval mode) as ONNX with dynamic H and W (and batch).
 
     The input's axes are named batch, height and width in the file (output
     axes are expressions of them). Weights are stored inside the file (no
     external data), so it can be renamed and moved freely; this limits a
     model to ONNX's 2 GB, several times PosMLP-B's size.
+
+    ``size_oblivious`` captures with torch's size-oblivious reasoning: a
+    size is not specialized for being 1 in the example (e.g. a detector's
+    coarsest FPN map, 1 pixel high at small inputs), so the graph's range
+    is not cut at that size; verification at such sizes shows the graph
+    right there too.
     """
     require_export_dependencies()
     if example.dim() != 4:
@@ -116,21 +125,31 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str, *,
     # Captured here rather than by torch.onnx.export, which on a constraint
     # violation quietly applies torch's suggested fixes (e.g. batch = 1) and
     # writes a graph for fewer sizes than asked for; this raises instead.
-    try:
-        exported = torch.export.export(model.eval(), (example,),
-                                       dynamic_shapes=(dims,), strict=False)
-    except RuntimeError as err:
-        if 'Constraints violated' not in str(err):
-            raise
-        raise DynamicShapeError(
-            'the model fixes an input axis that must stay dynamic, so no '
-            'graph for all sizes can be exported; torch.export says:\n'
-            + _name_axes(str(err))) from err
-    symbols, ranges = _input_symbols(exported, dims)
-    program = torch.onnx.export(
-        exported, (example,), dynamo=True, input_names=[input_name],
-        output_names=list(output_names) if output_names else None,
-        opset_version=opset, verbose=False)
+    capture = contextlib.nullcontext()
+    if size_oblivious:
+        import torch.fx.experimental._config as fx_config
+        capture = fx_config.patch(backed_size_oblivious=True)
+    with capture, warnings.catch_warnings():
+        # torchvision's shape function for nms calls an API torch has
+        # deprecated; nothing the user can act on
+        warnings.filterwarnings('ignore', '`create_unbacked_symint`',
+                                FutureWarning)
+        try:
+            exported = torch.export.export(model.eval(), (example,),
+                                           dynamic_shapes=(dims,),
+                                           strict=False)
+        except RuntimeError as err:
+            if 'Constraints violated' not in str(err):
+                raise
+            raise DynamicShapeError(
+                'the model fixes an input axis that must stay dynamic, so '
+                'no graph for all sizes can be exported; torch.export '
+                'says:\n' + _name_axes(str(err))) from err
+        symbols, ranges = _input_symbols(exported, dims)
+        program = torch.onnx.export(
+            exported, (example,), dynamo=True, input_names=[input_name],
+            output_names=list(output_names) if output_names else None,
+            opset_version=opset, verbose=False)
     proto = program.model_proto
     _rename_dims(proto, symbols)
     atomic_write_bytes(proto.SerializeToString(), path)
@@ -184,7 +203,9 @@ def export_verified(model: nn.Module, shape: Shape, out: str, *,
                     input_name: str = 'input',
                     output_names: Optional[Sequence[str]] = None,
                     keep_unverified: bool = False, overwrite: bool = False,
-                    seed: int = 0) -> ExportResult:
+                    seed: int = 0, size_oblivious: bool = False,
+                    verify: Optional[Callable[..., VerificationReport]] = None
+                    ) -> ExportResult:
     """Export at ``shape``, verify, and only then put the file at ``out``.
 
     The file is checked at ``shape`` and at every (H, W) in
@@ -193,6 +214,11 @@ def export_verified(model: nn.Module, shape: Shape, out: str, *,
     checked as well. A file that fails is deleted, or with
     ``keep_unverified`` renamed to ``unverified_path(out)``; an existing
     ``out`` is then left as it was.
+
+    ``verify(path, shapes, export_shape)`` replaces the default check
+    (``verify_onnx``: every output against ``model``'s, within atol/rtol)
+    for models judged otherwise, e.g. detectors (box for box against
+    mmdet's predict); it returns a report with the same interface.
     """
     require_export_dependencies()
     shape = tuple(int(s) for s in shape)
@@ -220,12 +246,16 @@ def export_verified(model: nn.Module, shape: Shape, out: str, *,
         start = time.perf_counter()
         graph = export_onnx(model, example, partial, input_name=input_name,
                             output_names=output_names, opset=opset,
-                            dynamic_batch=dynamic_batch)
+                            dynamic_batch=dynamic_batch,
+                            size_oblivious=size_oblivious)
         export_seconds = time.perf_counter() - start
         start = time.perf_counter()
-        report = verify_onnx(partial, model, shapes, export_shape=shape,
-                             dynamic_batch=dynamic_batch, atol=atol,
-                             rtol=rtol, seed=seed)
+        if verify is None:
+            report = verify_onnx(partial, model, shapes, export_shape=shape,
+                                 dynamic_batch=dynamic_batch, atol=atol,
+                                 rtol=rtol, seed=seed)
+        else:
+            report = verify(partial, shapes, shape)
         verify_seconds = time.perf_counter() - start
         for check in report.checks:
             outside = graph.outside(check.shape)

@@ -46,13 +46,35 @@ def build_segmentor(config: str, checkpoint: Optional[str] = None,
                     cfg_options: Optional[dict] = None) -> nn.Module:
     """Build the config's segmentor with mmseg's registry, in eval mode.
 
+    With ``checkpoint`` (a training checkpoint of this config) every weight
+    is loaded, strictly; see ``build_openmmlab_model``.
+    """
+    return build_openmmlab_model(config, 'mmseg', 'segmentor', checkpoint,
+                                 cfg_options)
+
+
+def config_scope(config: str) -> Optional[str]:
+    """The config's ``default_scope`` ('mmdet', 'mmseg', ...)."""
+    from mmengine.config import Config
+    return Config.fromfile(config).get('default_scope')
+
+
+def build_openmmlab_model(config: str, scope: str, kind: str,
+                          checkpoint: Optional[str] = None,
+                          cfg_options: Optional[dict] = None) -> nn.Module:
+    """Build the config's model with ``scope``'s registry (mmseg, mmdet), in
+    eval mode.
+
     With ``checkpoint`` (a training checkpoint of this config, read with
     ``weights_only=True`` and mmengine's few checkpoint types allowed, as
     the opt-in training runtime reads them) every weight is loaded,
     strictly; without one the weights are the freshly initialized ones
-    (``init_cfg`` is not applied, so no ImageNet file is needed). SyncBN layers become plain BatchNorm (mmengine's
-    ``revert_sync_batchnorm``), which is what they compute in eval mode.
+    (``init_cfg`` is not applied, so no ImageNet file is needed). SyncBN
+    layers become plain BatchNorm (mmengine's ``revert_sync_batchnorm``),
+    which is what they compute in eval mode.
     """
+    import importlib
+
     from mmengine.config import Config
     from mmengine.model import revert_sync_batchnorm
     from mmengine.registry import init_default_scope
@@ -60,25 +82,24 @@ def build_segmentor(config: str, checkpoint: Optional[str] = None,
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
-    if cfg.get('default_scope') != 'mmseg':
+    if cfg.get('default_scope') != scope:
         raise ValueError(
-            f'{config} is not an mmseg config (default_scope '
-            f'{cfg.get("default_scope")!r}); only segmentors are exported '
-            f'whole, a detector\'s backbone exports with --arch')
-    init_default_scope('mmseg')
-    from mmseg.registry import MODELS
-    segmentor = revert_sync_batchnorm(MODELS.build(cfg.model))
+            f'{config} is not an {scope} config (default_scope '
+            f'{cfg.get("default_scope")!r})')
+    init_default_scope(scope)
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    model = revert_sync_batchnorm(registry.build(cfg.model))
     if checkpoint is not None:
         from ..openmmlab.runtime.safe_checkpoints import \
             load_from_local_weights_only
         state, _ = extract_state_dict(
             load_from_local_weights_only(checkpoint), 'raw')
-        result = segmentor.load_state_dict(state, strict=False)
+        result = model.load_state_dict(state, strict=False)
         if result.missing_keys or result.unexpected_keys:
             raise ValueError(
-                f'{checkpoint} does not fit the segmentor of {config}: '
+                f'{checkpoint} does not fit the {kind} of {config}: '
                 f'missing {result.missing_keys[:5]} '
                 f'({len(result.missing_keys)} in all), unexpected '
                 f'{result.unexpected_keys[:5]} '
                 f'({len(result.unexpected_keys)} in all)')
-    return segmentor.eval()
+    return model.eval()
