@@ -49,7 +49,7 @@ class Mutation:
     original: str             # exact snippet; must occur exactly once
     replacement: str
     tests: Tuple[str, ...]    # pytest arguments: files, node ids, -k
-    forward: bool = False     # in the forward pass (re-target after rework)
+    forward: bool = False     # in the forward pass, not only a backward
 
 
 LOADING = 'tests/test_loading_across_windows.py'
@@ -57,6 +57,8 @@ ATOMIC = 'tests/test_atomic_writes.py'
 GRADIENTS = 'tests/test_gradients.py'
 NUMERICS = 'tests/test_gate_numerics.py'
 EXPORT_EAGER = 'tests/test_export.py::test_eager_modes_agree_with_the_graph_mode'
+LEAN = 'tests/test_lean_backward.py'
+ANY = 'tests/test_any_size.py'
 
 MUTATIONS: List[Mutation] = [
     # ------------------------------------------ loading, resizing, writing
@@ -110,117 +112,172 @@ MUTATIONS: List[Mutation] = [
         '    dy = (ys[:, None] - ys[None, :]).float()\n',
         '    dy = (ys[None, :] - ys[:, None]).float()\n',
         ('tests/test_benchmark.py', '-k', 'published_port_matches')),
-    # ----------------------------------- forward pass (re-target after the
-    # rework of block.py, token_mixing.py, windows.py, gates/, backbone.py)
+    # ------------------------------------------- forward pass: the mixing
+    # (token_mixing.py, block_pass.py, gates/, backbone.py, block.py)
     Mutation(
-        'mixing cache keyed without the parameters\' version counters',
-        'posmlp_dense/gates/base.py',
-        '        stamp = tuple((p._version, p.data_ptr()) for p in params)\n',
-        '        stamp = tuple(p.data_ptr() for p in params)\n',
-        (LOADING, '-k', 'after_use'), forward=True),
+        "key_scale without its padded-query guard (0 / 0 where a padded "
+        "query's window has no real key within reach)",
+        'posmlp_dense/token_mixing.py',
+        '    return key_mask / (real_sum.reshape(*lead, -1) + '
+        '(1 - key_mask))\n',
+        '    return key_mask / real_sum.reshape(*lead, -1)\n',
+        (LEAN, '-k', 'equals_autograd'), forward=True),
+    Mutation(
+        "level_mixings: the shifted blocks tiled with the unshifted blocks' "
+        "per-query bias",
+        'posmlp_dense/token_mixing.py',
+        '            tiled = bias[parity::len(grids)].index_select(\n',
+        '            tiled = bias[0::len(grids)].index_select(\n',
+        (ANY, '-k', 'shifted'), forward=True),
     Mutation(
         'isotropic GQPE score with the sign of the d2 term flipped',
         'posmlp_dense/gates/gqpe.py',
-        'torch.stack([a * d1, a * d2, torch.full_like(d1, -0.5)],',
-        'torch.stack([a * d1, -a * d2, torch.full_like(d1, -0.5)],',
-        (NUMERICS, '-k', 'isotropic'), forward=True),
+        '        linear = (spreads * spreads).unsqueeze(-1) * centers\n',
+        '        linear = (spreads * spreads).unsqueeze(-1) * centers * \\\n'
+        '            centers.new_tensor([1.0, -1.0])\n',
+        (NUMERICS, '-k', 'isotropic and partial'), forward=True),
     Mutation(
-        "block GELU is tanh-approximated (published: exact erf)",
-        'posmlp_dense/block.py',
-        '        self.act = nn.GELU()\n',
-        "        self.act = nn.GELU(approximate='tanh')\n",
+        'GQPE spread form A^T A instead of A A^T',
+        'posmlp_dense/gates/gqpe.py',
+        '        form = spreads @ spreads.transpose(-1, -2) if symmetric '
+        'else spreads\n',
+        '        form = spreads.transpose(-1, -2) @ spreads if symmetric '
+        'else spreads\n',
         (NUMERICS, '-k', 'large_activations'), forward=True),
     Mutation(
-        'per-query bias dropped from the token-major mixing (plain autograd)',
-        'posmlp_dense/token_mixing.py',
-        '    ones = u_r.new_ones(()).expand(groups, 1, windows, per_group)\n',
-        '    ones = u_r.new_zeros(()).expand(groups, 1, windows, per_group)\n',
-        ('tests/test_lean_backward.py', '-k', 'equals_autograd'),
-        forward=True),
+        'GQPE: keys of negligible weight given score 0 (the weight of the '
+        "query's own key) instead of none",
+        'posmlp_dense/gates/gqpe.py',
+        "    scores = scores.masked_fill(scores < NEGLIGIBLE_SCORE, "
+        "float('-inf'))\n",
+        "    scores = scores.masked_fill(scores < NEGLIGIBLE_SCORE, 0.0)\n",
+        (NUMERICS, '-k', 'large_activations'), forward=True),
     Mutation(
-        'per-query bias dropped from the channel-major mixing (the lean '
-        'training Function and inference)',
+        "block GELU is tanh-approximated (published: exact erf)",
+        'posmlp_dense/block_pass.py',
+        '    u, v = F.gelu(hidden, approximate=w.approximate).view(\n',
+        "    u, v = F.gelu(hidden, approximate='tanh').view(\n",
+        (NUMERICS, '-k', 'large_activations'), forward=True),
+    Mutation(
+        'per-query bias dropped where the weights are not renormalized '
+        '(LRPE, SGU)',
         'posmlp_dense/token_mixing.py',
-        '    return torch.baddbmm(augmented[:1, :, n].unsqueeze(1), u,\n',
-        '    return torch.baddbmm(0 * augmented[:1, :, n].unsqueeze(1), u,\n',
-        (NUMERICS,), forward=True),
+        '        out = per_sample + bias\n',
+        '        out = per_sample + 0 * bias\n',
+        (ANY, '-k', 'partial_windows_equal'), forward=True),
+    Mutation(
+        'per-query bias dropped where the rows are renormalized over the '
+        'real keys (GQPE)',
+        'posmlp_dense/token_mixing.py',
+        '        out = torch.addcmul(bias, per_sample,\n',
+        '        out = torch.addcmul(0 * bias, per_sample,\n',
+        (ANY, '-k', 'partial_windows_equal'), forward=True),
     Mutation(
         'mixing weights detached from autograd (forward unchanged)',
         'posmlp_dense/token_mixing.py',
-        '        mixed = torch.bmm(_matching_dtype(mixing(run.key), cols),\n',
-        '        mixed = torch.bmm(_matching_dtype(mixing(run.key).detach(),'
-        ' cols),\n',
-        (GRADIENTS,), forward=True),
+        '    return torch.bmm(windows, mixing.weights.to(windows.dtype)'
+        '.transpose(1, 2))\n',
+        '    return torch.bmm(windows, mixing.weights.to(windows.dtype)'
+        '.detach().transpose(1, 2))\n',
+        (GRADIENTS, '-k', 'block_gradients'), forward=True),
     Mutation(
-        'channel k in group k // (K / groups) instead of k % groups',
-        'posmlp_dense/gates/posgu.py',
-        '    return (w_e.view(2, V, groups, C).transpose(1, 2).reshape(K2, C),\n'
-        '            b_e.view(2, V, groups).transpose(1, 2).reshape(K2),\n'
-        '            w_s.view(-1, V, groups).transpose(1, 2).reshape(w_s.shape))\n',
-        '    return (w_e.view(2, groups, V, C).reshape(K2, C),\n'
-        '            b_e.view(2, groups, V).reshape(K2),\n'
-        '            w_s.view(-1, groups, V).reshape(w_s.shape))\n',
-        (NUMERICS,), forward=True),
-    # --------------------------------- the captured-graph (export) forward
+        "the lean Function run for a gate that transforms u first (SGU: its "
+        "LayerNorm skipped wherever autograd records)",
+        'posmlp_dense/block.py',
+        '        if mode.autograd and self.gate_unit.lean_backward:\n',
+        '        if mode.autograd:\n',
+        (GRADIENTS, '-k', 'block_gradients'), forward=True),
     Mutation(
-        'padded windows: GQPE softmax not renormalized over the real keys',
+        'shifted windows in the even blocks instead of the odd ones',
+        'posmlp_dense/backbone.py',
+        '        return (0, 0), origin\n',
+        '        return origin, (0, 0)\n',
+        (ANY, '-k', 'shifted'), forward=True),
+    Mutation(
+        "stem's last BatchNorm skipped",
+        'posmlp_dense/stem.py',
+        '        x = self.norms[2](self.projs[2](x))\n',
+        '        x = self.projs[2](x)\n',
+        ('tests/test_published_model.py', '-k', 'parity or ema_and_raw'),
+        forward=True),
+    # ---------------------------------- forward pass: the window layout
+    # (windows.py)
+    Mutation(
+        'channel k in group k // (K / groups) instead of k % groups '
+        '(to_windows, eager layout)',
+        'posmlp_dense/windows.py',
+        '        win = F.pad(t, self.padding()).view(\n'
+        '            K // groups, groups, B, self.rows, wh, self.cols, ww)\n'
+        '        return win.permute(1, 0, 2, 3, 5, 4, 6).reshape(\n',
+        '        win = F.pad(t, self.padding()).view(\n'
+        '            groups, K // groups, B, self.rows, wh, self.cols, ww)\n'
+        '        return win.permute(0, 1, 2, 3, 5, 4, 6).reshape(\n',
+        (ANY, '-k', 'window_layout'), forward=True),
+    Mutation(
+        'padded windows: softmax rows not renormalized over the real keys',
         'posmlp_dense/token_mixing.py',
-        'mixed = mixed[:, :per_group] / mixed[:, per_group:]',
-        'mixed = mixed[:, :per_group]',
+        '    return key_mask / (real_sum.reshape(*lead, -1) + '
+        '(1 - key_mask))\n',
+        '    return key_mask.expand(*lead, -1)\n',
+        (ANY, '-k', 'partial_windows_equal'), forward=True),
+    Mutation(
+        'padded windows: padded keys not zeroed by the gathers (captured '
+        'graphs)',
+        'posmlp_dense/windows.py',
+        '            picked = flat.index_select(2, source) * '
+        'real.to(t.dtype)\n',
+        '            picked = flat.index_select(2, source)\n',
         (EXPORT_EAGER,), forward=True),
     Mutation(
-        'padded windows: padded keys not masked out of u',
-        'posmlp_dense/token_mixing.py',
-        'torch.where(mask > 0, u, torch.zeros_like(u))',
-        'u',
-        (EXPORT_EAGER,), forward=True),
+        'padded windows: padded keys padded with ones, not zeros (eager '
+        'layout)',
+        'posmlp_dense/windows.py',
+        '        win = F.pad(t, self.padding()).view(\n',
+        '        win = F.pad(t, self.padding(), value=1.0).view(\n',
+        (ANY, '-k', 'partial_windows_equal'), forward=True),
+    Mutation(
+        "to_map crops the padded map at (0, 0), not after the grid's "
+        "leading padding (shifted windows)",
+        'posmlp_dense/windows.py',
+        '        return padded[:, :, self.top:self.top + self.height,\n'
+        '                      self.left:self.left + self.width]\n',
+        '        return padded[:, :, :self.height, :self.width]\n',
+        (ANY, '-k', 'shifted'), forward=True),
     # ------------------------ the lean training Function (block_function.py)
     Mutation(
         'lean backward: d(v) multiplies by v instead of the mixed values',
         'posmlp_dense/block_function.py',
-        '        torch.mul(dg, m, out=v)\n',
-        '        torch.mul(dg, v, out=v)\n',
-        (GRADIENTS, '-k', 'block_gradients')),
+        '            torch.mul(d_g, m, out=d_v)\n',
+        '            torch.mul(d_g, v, out=d_v)\n',
+        (LEAN, '-k', 'equals_autograd')),
     Mutation(
         'lean backward: LayerNorm output recomputed without its bias',
         'posmlp_dense/block_function.py',
-        '            normed.mul_(rstd).mul_(norm_weight).add_(norm_bias)\n',
-        '            normed.mul_(rstd).mul_(norm_weight)\n',
-        (GRADIENTS, '-k', 'block_gradients')),
+        '                ln_input, (C,), s.norm_weight, s.norm_bias, '
+        'ctx.eps)\n',
+        '                ln_input, (C,), s.norm_weight, None, ctx.eps)\n',
+        (LEAN, '-k', 'equals_autograd')),
     Mutation(
-        "GQPE's analytic backward: softmax backward without its row sums",
-        'posmlp_dense/gates/gqpe.py',
-        '        d_weights.addcmul_(weights, d_weights.sum(dim=-1, '
-        'keepdim=True),\n                           value=-1.0)\n',
-        '',
-        (GRADIENTS, '-k', 'block_gradients and gqpe')),
-    Mutation(
-        "GQPE's analytic backward: the position bias gets no gradient",
-        'posmlp_dense/gates/posgu.py',
-        '            d_bias.index_add_(0, index, d_aug[..., n].sum(dim=0))\n',
-        '            d_bias.index_add_(0, index, 0 * d_aug[..., n].sum(dim=0))\n',
-        (GRADIENTS, '-k', 'block_gradients and gqpe')),
-    Mutation(
-        'lean Function: weight gradients left in the gate\'s channel order',
+        'lean backward: the gradient of the key scale never returned',
         'posmlp_dense/block_function.py',
-        '            d_w_e, d_b_e, d_w_s = layout.published_order(d_w_e, d_b_e, d_w_s)\n',
-        '',
-        (GRADIENTS, '-k', 'block_gradients')),
+        '                _like(d_scale, s.scale), None, None, None, None)\n',
+        '                None, None, None, None, None)\n',
+        (LEAN, '-k', 'equals_autograd')),
     Mutation(
-        "window partition's backward: the gradient moved by the wrong plan "
-        "(unshifted instead of the partition's own)",
-        'posmlp_dense/windows.py',
-        '            return ctx.plan.reverse(grad, ctx.batch), None, None, None\n',
-        '            return make_plan(ctx.plan.height, ctx.plan.width, '
-        'ctx.plan.window).reverse(grad, ctx.batch), None, None, None\n',
-        (GRADIENTS, '-k', 'partition')),
+        "lean backward: the per-query bias's gradient summed over the first "
+        "group's channels only",
+        'posmlp_dense/block_function.py',
+        '            d_bias = d_per_sample.sum((0, 1)) if needs[8] '
+        'else None\n',
+        '            d_bias = d_per_sample[0].sum(0) if needs[8] else None\n',
+        (LEAN, '-k', 'equals_autograd')),
     Mutation(
-        "stem's inference strips: each strip reads the stride-2 rows one "
-        "too low (its top row missed)",
-        'posmlp_dense/stem.py',
-        '            first = max(0, 2 * r0 - 1)\n',
-        '            first = max(0, 2 * r0)\n',
-        ('tests/test_any_size.py', '-k', 'stem_inference')),
+        'lean backward: d(u) through P^T instead of P',
+        'posmlp_dense/block_function.py',
+        '            d_u.copy_(grid.to_map(torch.bmm(d_m_w, weights), B))\n',
+        '            d_u.copy_(grid.to_map(torch.bmm(d_m_w, '
+        'weights.transpose(1, 2)), B))\n',
+        (LEAN, '-k', 'equals_autograd')),
     Mutation(
         "benchmark's stem clock: the stem's backward not counted",
         'benchmarks/training.py',
@@ -265,27 +322,6 @@ MUTATIONS: List[Mutation] = [
         'p.isascii() and p.isdigit() and int(p) > 0 for p in parts',
         'p.isascii() and p.isdigit() and int(p) >= 0 for p in parts',
         ('tests/test_cli_sizes.py',)),
-    Mutation(
-        'GQPE without autograd: the negligible weights kept',
-        'posmlp_dense/gates/gqpe.py',
-        'torch.threshold(softmax, NEGLIGIBLE_WEIGHT, 0.0, out=out)',
-        'out.copy_(softmax)',
-        (NUMERICS + '::test_matrices_without_grad_equal_the_autograd_ones',),
-        forward=True),
-    Mutation(
-        "GQPE's closed-form gradient: the spread's without its transpose term",
-        'posmlp_dense/gates/gqpe.py',
-        'd_spreads = (d_inv_cov + d_inv_cov.transpose(1, 2)) @ spreads',
-        'd_spreads = d_inv_cov @ spreads',
-        (GRADIENTS, '-k', 'block_gradients and gqpe')),
-    Mutation(
-        'shared GQPE coefficients used where autograd records a graph',
-        'posmlp_dense/gates/gqpe.py',
-        '        if self._shared_coefficients is not None and \\\n'
-        '                not torch.is_grad_enabled():\n',
-        '        if self._shared_coefficients is not None:\n',
-        (NUMERICS, '-k', 'shared_coefficients'),
-        forward=True),
 ]
 
 
