@@ -5,14 +5,14 @@ operations one by one keeps, per token of a block with C channels and K gate
 channels, LayerNorm's input and output (2C), the pre-activation and the
 activation (4K), u cut into windows, the mixed values and the gated product
 (3K): 2C + 7K values, 16C at the published mlp_ratio of 4. This Function
-keeps C + 3K, 7C, and recomputes the rest in its backward with elementwise
-passes; no matmul over tokens runs twice.
+keeps C + 3K, 7C (m'' without the windows' padding), and recomputes the rest
+in its backward with elementwise passes; no matmul over tokens runs twice.
 
 Notation, as in block_pass (per token; ``_w`` marks the window layout of
 windows.WindowGrid.to_windows, P a group's weights):
 
     n = LN(x)            h = W_e n + b_e       (u, v) = GELU(h)
-    m' = u_w P^T         m = to_map(scale * m' + bias)
+    m' = u_w P^T         m'' = to_map(scale * m')     m = m'' + bias
     g = m * v            y = x + s * (W_s g + b_s)   (s: stochastic depth)
 
 | tensor            | kept by the forward | in the backward                |
@@ -22,8 +22,9 @@ windows.WindowGrid.to_windows, P a group's weights):
 | h                 | yes                 |                                |
 | u, v              |                     | recomputed: GELU(h)            |
 | u_w               |                     | recomputed: to_windows(u)      |
-| m'                | yes                 |                                |
-| m, g              |                     | recomputed from m', v          |
+| m' (window layout)|                     | not needed: m'' / scale        |
+| m'' = m - bias    | yes (map layout)    |                                |
+| m, g              |                     | recomputed: m'' + bias, m * v  |
 | P, scale, bias    | yes (per block)     |                                |
 
 The backward, from dy:
@@ -31,11 +32,11 @@ The backward, from dy:
     d_out = s * dy
     d_b_s = sum_t d_out        d_W_s = d_out^T g       d_g = d_out W_s
     d_v = d_g * m              d_m = d_g * v
-    d_m_w = to_windows(d_m)    (zero at padded queries)
-    d_bias = sum d_m_w over groups, channels and windows
-    d_scale = sum (d_m_w * m') over channels and samples
-    d_m' = scale * d_m_w
-    d_P = d_m'^T u_w           d_u = to_map(d_m' P)
+    d_bias  = sum of d_m over channels and samples, per position
+    d_scale = sum of d_m * m'' / scale over a group's channels and the
+              samples, per position
+    d_m'_w = to_windows(scale * d_m)       (zero at padded queries)
+    d_P = d_m'_w^T u_w         d_u = to_map(d_m'_w P)
     d_h = GELU'(h) * (d_u, d_v)
     d_b_e = sum_t d_h          d_W_e = d_h n^T         d_n = d_h^T W_e
     d_x = dy + LN's backward of d_n
@@ -57,7 +58,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .block_pass import BlockWeights, block_pass
-from .token_mixing import Mixing, finish, split_tokens
+from .token_mixing import Mixing
 from .windows import WindowGrid
 
 
@@ -79,7 +80,7 @@ class _Saved(NamedTuple):
     expand_weight: torch.Tensor
     shrink_weight: torch.Tensor
     hidden: torch.Tensor                 # h, (2K, T)
-    mixed: torch.Tensor                  # m', (groups, rows, N)
+    mixed: torch.Tensor                  # m, (K, B, H, W)
     weights: torch.Tensor                # P, (groups, N, N)
     bias: torch.Tensor
     scale: Optional[torch.Tensor]
@@ -100,9 +101,12 @@ class LeanBlock(torch.autograd.Function):
         # the dtype LayerNorm ran in (float32 under autocast)
         ctx.norm_dtype = torch.promote_types(x.dtype, torch.float32) \
             if torch.is_autocast_enabled(x.device.type) else x.dtype
+        # the mixed values without the window padding (a copy: in the
+        # pass they are a view of the padded map)
         ctx.save_for_backward(*_Saved(
             x, norm_weight, norm_bias, expand_weight, shrink_weight,
-            result.hidden, result.mixed, weights, bias, scale, drop_scale))
+            result.hidden, result.mixed.contiguous(), weights, bias, scale,
+            drop_scale))
         return result.output
 
     @staticmethod
@@ -122,7 +126,7 @@ class LeanBlock(torch.autograd.Function):
             d_out = d_out.view(-1, C)
             u, v = F.gelu(s.hidden, approximate=ctx.approximate).view(
                 2, K, B, H, W).unbind(0)
-            m = finish(s.mixed, Mixing(s.weights, s.bias, s.scale), grid, B)
+            m = s.mixed + s.bias.to(dtype)
             g = (m * v).view(K, -1)
             d_shrink_w = d_out.t().mm(g.t()) if needs[5] else None
             d_shrink_b = d_out.sum(0) if needs[6] else None
@@ -132,17 +136,24 @@ class LeanBlock(torch.autograd.Function):
             d_act = torch.empty_like(s.hidden)
             d_u, d_v = d_act.view(2, K, B, H, W).unbind(0)
             torch.mul(d_g, m, out=d_v)
-            d_m_w = grid.to_windows(d_g * v, groups)
-            # per token of one sample's window layout, like bias and scale
-            d_per_sample = split_tokens(d_m_w, grid)
-            d_bias = d_per_sample.sum((0, 1)) if needs[8] else None
+            d_m = d_g * v
+            # bias (per map position) and scale (per token of the window
+            # layout) are shared by a group's channels and the samples
+            per_group = d_m.view(-1, groups, B, H, W)
+            d_bias = per_group.sum((0, 1, 2)) if needs[8] else None
             d_scale = None
-            if s.scale is not None:
+            if s.scale is None:
+                d_m_w = grid.to_windows(d_m, groups)
+            else:
+                scale = _token_map(s.scale.to(dtype), grid)      # (G, H, W)
                 if needs[9]:
-                    d_scale = (d_per_sample *
-                               split_tokens(s.mixed, grid)).sum(1)
-                d_m_w = (d_per_sample * s.scale.to(dtype).unsqueeze(1)).view(
-                    groups, -1).view(d_m_w.shape)
+                    # scale * m' is the kept m: d_scale = sum d_m * m'
+                    kept = s.mixed.view_as(per_group)
+                    d_scale = grid.to_windows(
+                        ((per_group * kept).sum((0, 2)) / scale).unsqueeze(1),
+                        groups).view(groups, -1)
+                d_m_w = grid.to_windows((per_group * scale.unsqueeze(1)
+                                         ).view(K, B, H, W), groups)
             weights = s.weights.to(dtype)
             d_weights = None
             if needs[7]:
@@ -170,6 +181,14 @@ class LeanBlock(torch.autograd.Function):
                 _like(d_shrink_b, s.shrink_weight),
                 _like(d_weights, s.weights), _like(d_bias, s.bias),
                 _like(d_scale, s.scale), None, None, None, None)
+
+
+def _token_map(per_token: torch.Tensor, grid: WindowGrid) -> torch.Tensor:
+    """(rows, windows * N) per token of one sample's window layout -> (rows,
+    H, W) in map order (padded tokens dropped)."""
+    rows = per_token.shape[0]
+    return grid.to_map(per_token.view(rows, -1, grid.tokens), 1).view(
+        rows, grid.height, grid.width)
 
 
 def _like(grad: Optional[torch.Tensor], ref: Optional[torch.Tensor]):
