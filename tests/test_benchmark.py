@@ -54,9 +54,11 @@ def level_maps(size: int):
 def expected_macs(size: int):
     """(convolutions + channel MLPs, token mixing) multiply-adds at batch 1.
 
-    The mixing is the range [T n K, T (n + 1) K] per block: T tokens, n
-    tokens per window, K gate channels; an implementation may fold the
-    per-query bias into the matmul as one more column.
+    The mixing is the range [T n K, T' n K + weights] per block: T tokens,
+    n tokens per window, K gate channels; an implementation may mix the
+    windows padded to whole ones (T' tokens), and compute the gate's
+    weights with matmuls (groups x n x n times the 6 score features, and
+    the key scale of windows x n keys, done twice).
     """
     dims, sides = ARCH['embed_dims'], level_maps(size)
     c0 = dims[0]
@@ -72,10 +74,13 @@ def expected_macs(size: int):
         hidden = int(ARCH['mlp_ratio'][i] * dim)
         k = hidden // 2
         n = ARCH['window_size'][i] ** 2
+        side = ARCH['window_size'][i]
+        windows = (-(-sides[i] // side)) ** 2
+        groups = ARCH['gamma'][i]
         for _ in range(ARCH['depths'][i]):
             dense += tokens * (dim * hidden + k * dim)
             mix_lo += tokens * n * k
-            mix_hi += tokens * (n + 1) * k
+            mix_hi += windows * n * n * k + groups * n * n * (6 + 2 * windows)
     return dense, mix_lo, mix_hi
 
 
