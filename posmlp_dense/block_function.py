@@ -5,14 +5,14 @@ operations one by one keeps, per token of a block with C channels and K gate
 channels, LayerNorm's input and output (2C), the pre-activation and the
 activation (4K), u cut into windows, the mixed values and the gated product
 (3K): 2C + 7K values, 16C at the published mlp_ratio of 4. This Function
-keeps C + 3K, 7C (m'' without the windows' padding), and recomputes the rest
+keeps C + 3K, 7C (m' in map order: no windows' padding), and recomputes the rest
 in its backward with elementwise passes; no matmul over tokens runs twice.
 
 Notation, as in block_pass (per token; ``_w`` marks the window layout of
 windows.WindowGrid.to_windows, P a group's weights):
 
     n = LN(x)            h = W_e n + b_e       (u, v) = GELU(h)
-    m' = u_w P^T         m'' = to_map(scale * m')     m = m'' + bias
+    m' = u_w P^T         m = to_map(scale * m' + bias)
     g = m * v            y = x + s * (W_s g + b_s)   (s: stochastic depth)
 
 | tensor            | kept by the forward | in the backward                |
@@ -22,9 +22,8 @@ windows.WindowGrid.to_windows, P a group's weights):
 | h                 | yes                 |                                |
 | u, v              |                     | recomputed: GELU(h)            |
 | u_w               |                     | recomputed: to_windows(u)      |
-| m' (window layout)|                     | not needed: m'' / scale        |
-| m'' = m - bias    | yes (map layout)    |                                |
-| m, g              |                     | recomputed: m'' + bias, m * v  |
+| m'                | yes, in map order   |                                |
+| m, g              |                     | recomputed from m', v          |
 | P, scale, bias    | yes (per block)     |                                |
 
 The backward, from dy:
@@ -33,8 +32,8 @@ The backward, from dy:
     d_b_s = sum_t d_out        d_W_s = d_out^T g       d_g = d_out W_s
     d_v = d_g * m              d_m = d_g * v
     d_bias  = sum of d_m over channels and samples, per position
-    d_scale = sum of d_m * m'' / scale over a group's channels and the
-              samples, per position
+    d_scale = sum of d_m * m' over a group's channels and the samples,
+              per position
     d_m'_w = to_windows(scale * d_m)       (zero at padded queries)
     d_P = d_m'_w^T u_w         d_u = to_map(d_m'_w P)
     d_h = GELU'(h) * (d_u, d_v)
@@ -80,7 +79,7 @@ class _Saved(NamedTuple):
     expand_weight: torch.Tensor
     shrink_weight: torch.Tensor
     hidden: torch.Tensor                 # h, (2K, T)
-    mixed: torch.Tensor                  # m, (K, B, H, W)
+    mixed: torch.Tensor                  # m' in map order, (K, B, H, W)
     weights: torch.Tensor                # P, (groups, N, N)
     bias: torch.Tensor
     scale: Optional[torch.Tensor]
@@ -101,12 +100,11 @@ class LeanBlock(torch.autograd.Function):
         # the dtype LayerNorm ran in (float32 under autocast)
         ctx.norm_dtype = torch.promote_types(x.dtype, torch.float32) \
             if torch.is_autocast_enabled(x.device.type) else x.dtype
-        # the mixed values without the window padding (a copy: in the
-        # pass they are a view of the padded map)
+        # m' in map order, without the windows' padding
+        mixed = grid.to_map(result.mixed, x.shape[0]).contiguous()
         ctx.save_for_backward(*_Saved(
             x, norm_weight, norm_bias, expand_weight, shrink_weight,
-            result.hidden, result.mixed.contiguous(), weights, bias, scale,
-            drop_scale))
+            result.hidden, mixed, weights, bias, scale, drop_scale))
         return result.output
 
     @staticmethod
@@ -126,7 +124,14 @@ class LeanBlock(torch.autograd.Function):
             d_out = d_out.view(-1, C)
             u, v = F.gelu(s.hidden, approximate=ctx.approximate).view(
                 2, K, B, H, W).unbind(0)
-            m = s.mixed + s.bias.to(dtype)
+            # m = scale * m' + bias, in map order
+            bias = _token_map(s.bias.to(dtype).unsqueeze(0), grid)
+            if s.scale is None:
+                m = s.mixed + bias
+            else:
+                scale = _token_map(s.scale.to(dtype), grid)      # (G, H, W)
+                m = torch.addcmul(bias, s.mixed.view(-1, groups, B, H, W),
+                                  scale.unsqueeze(1)).view(K, B, H, W)
             g = (m * v).view(K, -1)
             d_shrink_w = d_out.t().mm(g.t()) if needs[5] else None
             d_shrink_b = d_out.sum(0) if needs[6] else None
@@ -137,21 +142,21 @@ class LeanBlock(torch.autograd.Function):
             d_u, d_v = d_act.view(2, K, B, H, W).unbind(0)
             torch.mul(d_g, m, out=d_v)
             d_m = d_g * v
-            # bias (per map position) and scale (per token of the window
-            # layout) are shared by a group's channels and the samples
+            # bias and scale are shared by a group's channels and the
+            # samples: their gradients are sums in map order, laid out per
+            # token of the window layout as they are
             per_group = d_m.view(-1, groups, B, H, W)
-            d_bias = per_group.sum((0, 1, 2)) if needs[8] else None
-            d_scale = None
+            d_bias = d_scale = None
+            if needs[8]:
+                d_bias = grid.to_windows(per_group.sum((0, 1, 2)).view(
+                    1, 1, H, W), 1).view(-1)
             if s.scale is None:
                 d_m_w = grid.to_windows(d_m, groups)
             else:
-                scale = _token_map(s.scale.to(dtype), grid)      # (G, H, W)
                 if needs[9]:
-                    # scale * m' is the kept m: d_scale = sum d_m * m'
-                    kept = s.mixed.view_as(per_group)
                     d_scale = grid.to_windows(
-                        ((per_group * kept).sum((0, 2)) / scale).unsqueeze(1),
-                        groups).view(groups, -1)
+                        (per_group * s.mixed.view_as(per_group)).sum(
+                            (0, 2)).unsqueeze(1), groups).view(groups, -1)
                 d_m_w = grid.to_windows((per_group * scale.unsqueeze(1)
                                          ).view(K, B, H, W), groups)
             weights = s.weights.to(dtype)

@@ -41,7 +41,7 @@ class BlockPass(NamedTuple):
     lean training Function keeps."""
     output: torch.Tensor            # (B, H, W, C)
     hidden: torch.Tensor            # (2K, B * H * W), before GELU
-    mixed: torch.Tensor             # (K, B, H, W): PosMap(u) - bias
+    mixed: torch.Tensor             # token_mixing.mix's result (windows)
 
 
 def block_pass(x: torch.Tensor, w: BlockWeights, mixing: Mixing,
@@ -59,8 +59,8 @@ def block_pass(x: torch.Tensor, w: BlockWeights, mixing: Mixing,
         2, -1, B, H, W).unbind(0)
     if gate_input is not None:
         u = gate_input(u)
-    mixed = finish(mix(u, mixing, grid), mixing, grid, B)
-    gated = (mixed + mixing.bias.to(mixed.dtype)) * v
+    mixed = mix(u, mixing, grid)
+    gated = finish(mixed, mixing, grid, B) * v
     out = torch.addmm(w.shrink_bias, gated.view(gated.shape[0], -1).t(),
                       w.shrink_weight.t())
     if drop_scale is not None:

@@ -34,12 +34,12 @@ from .windows import WindowGrid
 
 @dataclass
 class Mixing:
-    """One block's mixing operands on one window grid. ``scale`` is laid
-    out per token of one sample's window layout (windows.WindowGrid.
-    to_windows: windows * N tokens), ``bias`` per position of the map, so
-    that applying them broadcasts over channels and samples only."""
+    """One block's mixing operands on one window grid. ``bias`` and
+    ``scale`` are laid out per token of one sample's window layout
+    (windows.WindowGrid.to_windows: windows * N tokens), so that applying
+    them broadcasts over channels and samples only."""
     weights: torch.Tensor              # (groups, N, N)
-    bias: torch.Tensor                 # (H, W): each position's query bias
+    bias: torch.Tensor                 # (windows * N,)
     scale: Optional[torch.Tensor]      # (groups, windows * N), or None
 
     @property
@@ -84,10 +84,10 @@ def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
         scales: List[Optional[torch.Tensor]] = [None] * len(gates)
         for parity, grid in enumerate(grids):
             chosen = range(parity, len(gates), len(grids))
-            on_map = bias[parity::len(grids)].index_select(
-                1, grid.map_positions(bias.device))
-            for j, b in zip(chosen, on_map):
-                biases[j] = b.view(grid.height, grid.width)
+            tiled = bias[parity::len(grids)].index_select(
+                1, grid.position_in_window(bias.device))
+            for j, b in zip(chosen, tiled):
+                biases[j] = b
             if not any(gates[j].normalizes_over_keys for j in chosen):
                 continue
             mask = grid.key_mask(weights)
@@ -108,15 +108,15 @@ def mix(u: torch.Tensor, mixing: Mixing, grid: WindowGrid) -> torch.Tensor:
 
 def finish(mixed: torch.Tensor, mixing: Mixing, grid: WindowGrid,
            batch) -> torch.Tensor:
-    """``mix``'s result -> (K, B, H, W) in map order, scaled (the key scale
-    of a normalized gate), without the bias (``Mixing.bias`` is added by
-    the caller: the lean Function keeps the values without it)."""
-    if mixing.scale is not None:
-        mixed = (split_tokens(mixed, grid) *
-                 mixing.scale.to(mixed.dtype).unsqueeze(1))
-        mixed = mixed.view(mixed.shape[0], -1).view(
-            mixed.shape[0], -1, grid.tokens)
-    return grid.to_map(mixed, batch)
+    """``mix``'s result -> (K, B, H, W): scaled, biased, in map order."""
+    per_sample = split_tokens(mixed, grid)
+    bias = mixing.bias.to(mixed.dtype)
+    if mixing.scale is None:
+        out = per_sample + bias
+    else:
+        out = torch.addcmul(bias, per_sample,
+                            mixing.scale.to(mixed.dtype).unsqueeze(1))
+    return grid.to_map(out.view(out.shape[0], -1).view(mixed.shape), batch)
 
 
 def split_tokens(rows: torch.Tensor, grid: WindowGrid) -> torch.Tensor:

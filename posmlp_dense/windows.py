@@ -117,13 +117,10 @@ class WindowGrid:
         ones = like.new_ones(1, 1, self.height, self.width)
         return self.to_windows(ones, 1).view(-1)
 
-    def map_positions(self, device) -> torch.Tensor:
-        """(H * W,): the in-window index m = y * ww + x of every map
-        position, row-major."""
-        wh, ww = self.window
-        ys = (torch.arange(self.height, device=device) + self.top) % wh
-        xs = (torch.arange(self.width, device=device) + self.left) % ww
-        return (ys[:, None] * ww + xs[None, :]).view(-1)
+    def position_in_window(self, device) -> torch.Tensor:
+        """(windows * N,): each token's in-window index m = y * ww + x, in
+        the window layout of one sample."""
+        return torch.arange(self.padded_tokens, device=device) % self.tokens
 
     def _gather_indices(self, device):
         """For the window layout of one sample: the map position each token
