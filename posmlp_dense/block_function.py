@@ -124,15 +124,18 @@ class LeanBlock(torch.autograd.Function):
             d_out = d_out.view(-1, C)
             u, v = F.gelu(s.hidden, approximate=ctx.approximate).view(
                 2, K, B, H, W).unbind(0)
-            # m = scale * m' + bias, in map order
-            bias = _token_map(s.bias.to(dtype).unsqueeze(0), grid)
+            # m = scale * m' + bias, in map order; with a key scale in its
+            # own dtype (float32: it may exceed float16's range), as the
+            # forward does (token_mixing.finish)
+            wide = dtype if s.scale is None else s.scale.dtype
+            bias = _token_map(s.bias.to(wide).unsqueeze(0), grid)
             if s.scale is None:
                 m = s.mixed + bias
             else:
-                scale = _token_map(s.scale.to(dtype), grid)      # (G, H, W)
+                scale = _token_map(s.scale, grid)                # (G, H, W)
                 m = torch.addcmul(bias, s.mixed.view(-1, groups, B, H, W),
                                   scale.unsqueeze(1)).view(K, B, H, W)
-            g = (m * v).view(K, -1)
+            g = (m * v).to(dtype).view(K, -1)
             d_shrink_w = d_out.t().mm(g.t()) if needs[5] else None
             d_shrink_b = d_out.sum(0) if needs[6] else None
             d_g = s.shrink_weight.to(dtype).t().mm(d_out.t()).view(K, B, H,
@@ -159,10 +162,10 @@ class LeanBlock(torch.autograd.Function):
                             (0, 2)).unsqueeze(1), groups).view(groups, -1)
                 d_m_w = grid.to_windows((per_group * scale.unsqueeze(1)
                                          ).view(K, B, H, W), groups)
-            weights = s.weights.to(dtype)
+            weights = s.weights.to(d_m_w.dtype)
             d_weights = None
             if needs[7]:
-                u_w = grid.to_windows(u, groups)
+                u_w = grid.to_windows(u, groups).to(d_m_w.dtype)
                 d_weights = torch.bmm(d_m_w.transpose(1, 2), u_w)
             d_u.copy_(grid.to_map(torch.bmm(d_m_w, weights), B))
             d_hidden = torch.ops.aten.gelu_backward(

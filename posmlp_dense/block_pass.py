@@ -61,7 +61,7 @@ def block_pass(x: torch.Tensor, w: BlockWeights, mixing: Mixing,
         u = gate_input(u)
     mixed = mix(u, mixing, grid)
     gated = finish(mixed, mixing, grid, B) * v
-    out = torch.addmm(w.shrink_bias, gated.view(gated.shape[0], -1).t(),
+    out = torch.addmm(w.shrink_bias, gated.reshape(gated.shape[0], -1).t(),
                       w.shrink_weight.t())
     if drop_scale is not None:
         out = (out.view(B, -1) * drop_scale.to(out.dtype).unsqueeze(1))

@@ -103,6 +103,10 @@ def mix(u: torch.Tensor, mixing: Mixing, grid: WindowGrid) -> torch.Tensor:
     """(K, B, H, W) channel-major u -> (groups, K/groups * B * windows, N):
     the weighted sums over each window's keys, before scale and bias."""
     windows = grid.to_windows(u, mixing.groups)
+    if windows.dtype == torch.float16 and mixing.scale is not None:
+        # a partial window's weights on its real keys can be far below
+        # float16's range, and the key scale far above it
+        windows = windows.float()
     return torch.bmm(windows, mixing.weights.to(windows.dtype).transpose(1, 2))
 
 
@@ -110,12 +114,14 @@ def finish(mixed: torch.Tensor, mixing: Mixing, grid: WindowGrid,
            batch) -> torch.Tensor:
     """``mix``'s result -> (K, B, H, W): scaled, biased, in map order."""
     per_sample = split_tokens(mixed, grid)
-    bias = mixing.bias.to(mixed.dtype)
     if mixing.scale is None:
-        out = per_sample + bias
+        out = per_sample + mixing.bias.to(mixed.dtype)
     else:
-        out = torch.addcmul(bias, per_sample,
-                            mixing.scale.to(mixed.dtype).unsqueeze(1))
+        # in the scale's dtype (float32 under autocast): a row whose real
+        # keys hold little of its window's softmax has a scale beyond
+        # float16's range
+        out = torch.addcmul(mixing.bias, per_sample,
+                            mixing.scale.unsqueeze(1))
     return grid.to_map(out.view(out.shape[0], -1).view(mixed.shape), batch)
 
 

@@ -115,7 +115,7 @@ class WindowGrid:
         if self.gathers:
             return self._gather_indices(like.device)[1].to(like.dtype)
         ones = like.new_ones(1, 1, self.height, self.width)
-        return self.to_windows(ones, 1).view(-1)
+        return self.to_windows(ones, 1).reshape(-1)
 
     def position_in_window(self, device) -> torch.Tensor:
         """(windows * N,): each token's in-window index m = y * ww + x, in

@@ -154,7 +154,8 @@ def test_lean_step_under_bf16_autocast():
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
     for name, g in lean[2].items():
         assert g.dtype == torch.float32 and torch.isfinite(g).all(), name
-        _assert_relative(g, plain[2][name], 5e-2, name)
+        if name not in ZERO_GRADIENT:
+            _assert_relative(g, plain[2][name], 5e-2, name)
 
 
 def test_gradcheck_of_the_function():

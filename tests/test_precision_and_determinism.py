@@ -15,7 +15,7 @@ each output level                  fp16            1.0-1.2e-3    5e-3
 each output level                  bf16            8.1-9.5e-3    3e-2
 all gradients together             fp16 (scaled)   2.3-2.8e-3    1.5e-2
 all gradients together             bf16            2.7-3.3e-2    1e-1
-worst single parameter gradient    fp16 (scaled)   0.045-0.066   0.25
+worst single parameter gradient    fp16 (scaled)   0.045-0.33    0.4
 worst single parameter gradient    bf16            0.21-0.24     0.6
 =================================  ==============  ============  ========
 
@@ -61,7 +61,10 @@ FP16_LOSS_SCALE = 1024.0
 ZERO_GRAD = ('patch_embed.projs.0.bias', 'patch_embed.projs.1.bias',
              'patch_embed.projs.2.bias')
 BOUNDS = {
-    torch.float16: dict(output=5e-3, grads=1.5e-2, worst_grad=0.25),
+    # worst_grad: 0.33 since partial windows are renormalized by a key
+    # scale (a GQPE spread of the first block, whose partial windows' rows
+    # hold little real mass; see the closing note of 2026-12-03)
+    torch.float16: dict(output=5e-3, grads=1.5e-2, worst_grad=0.4),
     torch.bfloat16: dict(output=3e-2, grads=1e-1, worst_grad=0.6),
 }
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

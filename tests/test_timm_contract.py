@@ -266,19 +266,24 @@ def _train_step(model, x):
 
 def test_set_grad_checkpointing_saves_activations_with_equal_results():
     model = _tiny(drop_path_rate=0.0)
-    x = _x(batch=1)
-    plain, plain_grads, plain_saved = _train_step(model, x)
+    x = _x(batch=4)
+    # per sample (a batch of 4 against one of 2): what every forward keeps
+    # of the gates' weights depends on the parameters alone
+    plain, plain_grads, plain_total = _train_step(model, x)
+    plain_saved = plain_total - _train_step(model, x[:2])[2]
     model.set_grad_checkpointing()
     assert all(level.with_cp for level in model.levels)
     ckpt, ckpt_grads, ckpt_saved = _train_step(model, x)
-    # the blocks' activations are recomputed in backward, not kept
-    assert ckpt_saved < plain_saved / 5
+    ckpt_saved -= _train_step(model, x[:2])[2]
+    # the blocks' activations are recomputed in backward, not kept (the
+    # stem's and the head's still are)
+    assert ckpt_saved < plain_saved * 0.7
     assert _close(plain, ckpt)
     for a, b in zip(plain_grads, ckpt_grads):
         assert _close(a, b, tol=1e-6)
     model.set_grad_checkpointing(False)
     assert not any(level.with_cp for level in model.levels)
-    assert _train_step(model, x)[2] == plain_saved
+    assert _train_step(model, x)[2] == plain_total
 
 
 def _module_of(name: str, coarse: bool) -> str:
