@@ -228,14 +228,9 @@ def gqpe_gaussians(pos: GQPE) -> Tuple[torch.Tensor, torch.Tensor,
     centre (groups, 2), cov (groups, 2, 2), peaked (groups,) bool.
     """
     coef = pos.score_coefficients().detach().double().cpu()
-    lin = coef[:, :2]
-    if coef.shape[1] == 5:      # dx, dy, dx^2, dy^2, dx*dy
-        hxx, hyy, hxy = 2 * coef[:, 2], 2 * coef[:, 3], coef[:, 4]
-    else:                       # isotropic: dx, dy, dx^2 + dy^2
-        hxx = hyy = 2 * coef[:, 2]
-        hxy = torch.zeros_like(hxx)
-    precision = -torch.stack([torch.stack([hxx, hxy], -1),
-                              torch.stack([hxy, hyy], -1)], -2)
+    lin = coef[:, :2]                      # linear terms of (dx, dy)
+    form = coef[:, 2:6].view(-1, 2, 2)     # score = l . v - v^T S v / 2
+    precision = 0.5 * (form + form.transpose(1, 2))
     eig = torch.linalg.eigvalsh(precision)
     peaked = eig[:, 0] > 1e-9
     eye = torch.eye(2, dtype=precision.dtype).expand_as(precision)
@@ -372,17 +367,6 @@ def level_output(model: PosMLP, x: torch.Tensor, level: int) -> torch.Tensor:
         intermediates_only=True)[0]
 
 
-def _axis_windows(plan, axis: int) -> List[Tuple[int, int]]:
-    """[(first, last)] map indices of the windows along one axis of a plan."""
-    segments = {(c.rows if axis == 0 else c.cols) for c in plan.classes}
-    spans = []
-    for seg in sorted(segments, key=lambda s: s.start):
-        for k in range(seg.count):
-            first = seg.start + k * seg.size
-            spans.append((first, first + seg.size - 1))
-    return spans
-
-
 def _expand_to_windows(lo: int, hi: int, spans) -> Tuple[int, int]:
     first = next(a for a, b in spans if a <= lo <= b)
     last = next(b for a, b in spans if a <= hi <= b)
@@ -425,9 +409,9 @@ def theoretical_reach(model: PosMLP, level: int, point: Tuple[int, int],
             lvl = model.levels[lv]
             depth = len(lvl.encoder)
             if depth:
-                plans = lvl.window_plans(*sizes[lv])
+                grids = lvl.window_grids(*sizes[lv])
                 for j in reversed(range(depth)):
-                    spans = _axis_windows(plans[j % len(plans)], axis)
+                    spans = grids[j % len(grids)].spans(axis)
                     lo, hi = _expand_to_windows(lo, hi, spans)
             if lv > 0:
                 lo, hi = _conv_reach(lo, hi, sizes[lv - 1][axis])
@@ -441,9 +425,9 @@ def theoretical_reach(model: PosMLP, level: int, point: Tuple[int, int],
 def window_grid(model: PosMLP, level: int, size: Tuple[int, int]
                 ) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
     """Token spans of the windows of a level's first block: (rows, cols)."""
-    plan = model.levels[level].window_plans(
+    grid = model.levels[level].window_grids(
         *level_map_sizes(model, size)[level])[0]
-    return _axis_windows(plan, 0), _axis_windows(plan, 1)
+    return grid.spans(0), grid.spans(1)
 
 
 def default_point(model: PosMLP, level: int, size: Tuple[int, int]
