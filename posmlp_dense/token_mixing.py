@@ -80,23 +80,24 @@ def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
             parts = [type(g).stacked_weights([g]) for g in gates]
             weights = torch.cat([w for w, _ in parts])
             bias = torch.cat([b for _, b in parts])
-        biases: List[torch.Tensor] = [None] * len(gates)
-        scales: List[Optional[torch.Tensor]] = [None] * len(gates)
-        for parity, grid in enumerate(grids):
-            chosen = range(parity, len(gates), len(grids))
-            tiled = bias[parity::len(grids)].index_select(
-                1, grid.position_in_window(bias.device))
-            for j, b in zip(chosen, tiled):
-                biases[j] = b
-            if not any(gates[j].normalizes_over_keys for j in chosen):
-                continue
-            mask = grid.key_mask(weights)
-            per_block = key_scale(weights[parity::len(grids)], mask)
-            for j, scale in zip(chosen, per_block):
-                if gates[j].normalizes_over_keys:
-                    scales[j] = scale
-    return [Mixing(weights[j], biases[j], scales[j])
-            for j in range(len(gates))]
+        # (blocks are taken apart with unbind: its backward stacks their
+        # gradients once, where indexing would add each block's gradient
+        # into a zero tensor of the whole stack)
+        normalized = [j for j, g in enumerate(gates) if g.normalizes_over_keys]
+        scaled = weights if len(normalized) == len(gates) else \
+            weights[normalized]
+        per_grid = []
+        for grid in grids:
+            tiled = bias.index_select(1, grid.position_in_window(bias.device))
+            scales = key_scale(scaled, grid.key_mask(weights)).unbind(0) \
+                if normalized else ()
+            per_grid.append((tiled.unbind(0), dict(zip(normalized, scales))))
+        blocks = weights.unbind(0)
+    mixings = []
+    for j, w in enumerate(blocks):
+        biases, scales = per_grid[j % len(grids)]
+        mixings.append(Mixing(w, biases[j], scales.get(j)))
+    return mixings
 
 
 def mix(u: torch.Tensor, mixing: Mixing, grid: WindowGrid) -> torch.Tensor:

@@ -327,3 +327,26 @@ def test_update_doc_is_checked_before_the_run(tmp_path, capsys):
     with pytest.raises(SystemExit):  # nothing would write the section
         bench.parse_args(['--update-doc', DOC])
     assert 'add --gpu-proxy' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
+def test_a_levels_weight_gradients_cost_bytes_linear_in_depth(gate):
+    """A level computes its blocks' mixing weights in one stacked call; the
+    backward must gather the blocks' gradients once (unbind's stack), not
+    add each into a zero tensor of the whole stack (indexing's backward),
+    whose bytes grow with the square of the depth."""
+    def backward_bytes(depth):
+        arch = dict(embed_dims=(16,), depths=(depth,), mlp_ratio=(4,),
+                    gamma=(4,), window_size=(7,))
+        level = PosMLP(arch, gate=gate, out_indices=(0,)).levels[0]
+        grids = level.window_grids(10, 9)
+
+        def step():
+            from posmlp_dense.token_mixing import level_mixings
+            mixings = level_mixings([b.gate_unit for b in level.encoder],
+                                    grids)
+            loss = sum(m.weights.sum() + m.bias.sum() for m in mixings)
+            loss.backward()
+        return count_call(lambda _: step(), None)['bytes_written']
+    ratio = backward_bytes(16) / backward_bytes(2)
+    assert ratio < 8 * 1.25, ratio   # linear: about 8; quadratic: about 64
