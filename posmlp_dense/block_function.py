@@ -140,10 +140,7 @@ class LeanBlock(torch.autograd.Function):
             d_shrink_b = d_out.sum(0) if needs[6] else None
             d_g = s.shrink_weight.to(dtype).t().mm(d_out.t()).view(K, B, H,
                                                                   W)
-            # d(u, v) in one (2K, T) buffer, for GELU's backward
-            d_act = torch.empty_like(s.hidden)
-            d_u, d_v = d_act.view(2, K, B, H, W).unbind(0)
-            torch.mul(d_g, m, out=d_v)
+            d_v = d_g * m
             d_m = d_g * v
             # bias and scale are shared by a group's channels and the
             # samples: their gradients are sums in map order, laid out per
@@ -167,7 +164,12 @@ class LeanBlock(torch.autograd.Function):
             if needs[7]:
                 u_w = grid.to_windows(u, groups).to(d_m_w.dtype)
                 d_weights = torch.bmm(d_m_w.transpose(1, 2), u_w)
-            d_u.copy_(grid.to_map(torch.bmm(d_m_w, weights), B))
+            d_u = grid.to_map(torch.bmm(d_m_w, weights), B)
+            # d(u, v) as one (2K, T) tensor for GELU's backward. (Built by
+            # cat, not written into halves of a buffer: a copy into a view
+            # makes torch.compile's functionalization guard on the map's
+            # size, and compile again at every new size.)
+            d_act = torch.cat([d_u.to(dtype), d_v.to(dtype)]).view(2 * K, -1)
             d_hidden = torch.ops.aten.gelu_backward(
                 d_act, s.hidden, approximate=ctx.approximate)
             d_expand_b = d_hidden.sum(1) if needs[4] else None

@@ -83,16 +83,16 @@ def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
         # (blocks are taken apart with unbind: its backward stacks their
         # gradients once, where indexing would add each block's gradient
         # into a zero tensor of the whole stack)
+        blocks = weights.unbind(0)
         normalized = [j for j, g in enumerate(gates) if g.normalizes_over_keys]
         scaled = weights if len(normalized) == len(gates) else \
-            weights[normalized]
+            torch.stack([blocks[j] for j in normalized]) if normalized else None
         per_grid = []
         for grid in grids:
             tiled = bias.index_select(1, grid.position_in_window(bias.device))
             scales = key_scale(scaled, grid.key_mask(weights)).unbind(0) \
                 if normalized else ()
             per_grid.append((tiled.unbind(0), dict(zip(normalized, scales))))
-        blocks = weights.unbind(0)
     mixings = []
     for j, w in enumerate(blocks):
         biases, scales = per_grid[j % len(grids)]

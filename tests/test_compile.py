@@ -38,17 +38,18 @@ def test_inductor_dynamic_one_graph_for_seven_sizes():
 
 def test_compiled_training_step_matches_eager():
     """Forward and backward through the compiled graph (the lean training
-    Function traced by dynamo), at two sizes: the gradients of eager
-    PyTorch. (Not one graph yet: the training graph specializes the
-    deepest map's height inside functionalization, so a size that changes
-    it compiles again.)"""
+    Function traced by dynamo), at sizes whose maps differ at every level,
+    the deepest included: one graph serves them all, with the gradients of
+    eager PyTorch."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     model = randomize_(PosMLP(TINY_ARCH, gate='gqpe', drop_path_rate=0.0,
                               norm_eval=True)).train()
     compiled = torch.compile(model, dynamic=True, fullgraph=True,
                              backend='aot_eager')
-    for size in ((250, 275), (279, 265)):
+    sizes = ((250, 275), (279, 265), (215, 230))
+    assert len({(-(-h // 32), -(-w // 32)) for h, w in sizes}) == 3
+    for size in sizes:
         x = torch.randn(2, 3, *size)
         grads = []
         for net in (compiled, model):
@@ -60,3 +61,5 @@ def test_compiled_training_step_matches_eager():
             ref = grads[1][name]
             scale = ref.abs().max().clamp_min(1e-12)
             assert ((grad - ref).abs().max() / scale) <= 1e-4, (size, name)
+    graphs = torch._dynamo.utils.counters['stats']['unique_graphs']
+    assert graphs == 1, f'{graphs} graphs for {len(sizes)} sizes'
