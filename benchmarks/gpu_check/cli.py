@@ -266,7 +266,7 @@ class GpuCheck:
                  lambda: compiled_step(
                      posmlp(p.arch, 'gqpe', seed=self.seed), p.train_shape,
                      self.device, self.args.compile_backend, p.warmup,
-                     p.repeats, self.seed))]
+                     p.repeats, self.seed, p.compile_sizes))]
 
     def detector(self) -> List[Check]:
         p = self.profile

@@ -1,10 +1,12 @@
-"""torch.compile of a PosMLP training step: how long the first compiled
-call takes, what a compiled step then costs against eager, and whether
-the compiled step computes what eager does."""
+"""torch.compile of a PosMLP training step, as a user compiles it for
+varying input sizes (``dynamic=True``): how long the first compiled call
+takes, what a compiled step then costs against eager, whether the compiled
+step computes what eager does, and whether further sizes run in the same
+graph (no recompilation)."""
 from __future__ import annotations
 
 import time
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import torch
 from torch import nn
@@ -23,9 +25,12 @@ COMPILE_TOLERANCE = 1e-3
 
 def compiled_step(model: nn.Module, shape: Tuple[int, int, int],
                   device: torch.device, backend: str, warmup: int,
-                  repeats: int, seed: int) -> Verdict:
+                  repeats: int, seed: int,
+                  other_sizes: Sequence[Tuple[int, int]] = ()) -> Verdict:
     """``model`` (no stochastic depth: eager and compiled must see the same
-    network) in train mode: forward, ``half_channel_loss``, backward."""
+    network) in train mode: forward, ``half_channel_loss``, backward; then
+    one step at each of ``other_sizes`` (height, width), which must reuse
+    the first graph."""
     model = model.to(device).train()
     batch, h, w = shape
     x = make_input((h, w), batch, device, seed)
@@ -41,7 +46,9 @@ def compiled_step(model: nn.Module, shape: Tuple[int, int, int],
 
     eager_outs = step(model)
     eager_grads = grads()
-    compiled = torch.compile(model, backend=backend)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(model, backend=backend, dynamic=True)
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -55,16 +62,37 @@ def compiled_step(model: nn.Module, shape: Tuple[int, int, int],
                         'compiled': lambda: step(compiled)},
                        warmup, repeats, device)
     eager_s, compiled_s = (runs[k]['median_s'] for k in ('eager', 'compiled'))
+    size_errs, size_first_s = [], []
+    for h2, w2 in other_sizes:
+        x = make_input((h2, w2), batch, device, seed)
+        eager_outs = step(model)
+        eager_grads = grads()
+        start = time.perf_counter()
+        compiled_outs = step(compiled)
+        if device.type == 'cuda':
+            torch.cuda.synchronize(device)
+        size_first_s.append(time.perf_counter() - start)
+        size_errs.append(max(
+            max(relative(c, e) for c, e in zip(compiled_outs, eager_outs)),
+            relative(grads(), eager_grads)))
+    graphs = torch._dynamo.utils.counters['stats']['unique_graphs']
     problems = [f'{what} differ by {err:.2e} (limit '
                 f'{COMPILE_TOLERANCE:.0e})'
                 for what, err in (('outputs', out_err),
-                                  ('gradients', grad_err))
+                                  ('gradients', grad_err),
+                                  ('other sizes', max(size_errs, default=0)))
                 if not err <= COMPILE_TOLERANCE]
+    if graphs != 1:
+        problems.append(f'{graphs} graphs for {1 + len(other_sizes)} sizes '
+                        f'(recompiled)')
     detail = (f'backend {backend}: first call (compile + run) '
               f'{first_call_s:.1f} s; step eager {ms(eager_s)}, compiled '
               f'{ms(compiled_s)} ({compiled_s / eager_s:.2f}x; median of '
               f'{repeats} after {warmup} warm-up); compiled against eager: '
-              f'outputs {out_err:.1e}, gradients {grad_err:.1e}')
+              f'outputs {out_err:.1e}, gradients {grad_err:.1e}; '
+              f'{1 + len(other_sizes)} sizes in {graphs} graph(s), first '
+              f'call at a further size {max(size_first_s, default=0):.2f} s '
+              f'at most')
     if problems:
         detail = '; '.join(problems) + '. ' + detail
     return Verdict(not problems, detail, dict(
@@ -72,4 +100,7 @@ def compiled_step(model: nn.Module, shape: Tuple[int, int, int],
         eager_median_s=eager_s, compiled_median_s=compiled_s,
         eager_times=runs['eager']['times'],
         compiled_times=runs['compiled']['times'],
-        output_difference=out_err, gradient_difference=grad_err))
+        output_difference=out_err, gradient_difference=grad_err,
+        graphs=graphs, other_sizes=[list(s) for s in other_sizes],
+        other_size_first_call_s=size_first_s,
+        other_size_difference=size_errs))

@@ -37,6 +37,9 @@ class Profile:
     comparison_batch: int
     autocast_shape: Tuple[int, int, int]   # batch, height, width
     train_shape: Tuple[int, int, int]      # training, speed and compile
+    # further (height, width) sizes that the compiled training step must
+    # run without compiling again
+    compile_sizes: Tuple[Tuple[int, int], ...]
     train_steps: int
     warmup: int                            # speed and compile rows
     repeats: int
@@ -60,6 +63,8 @@ class Profile:
 FULL = Profile(
     name='full', arch='t', comparison_batch=1,
     autocast_shape=(2, 200, 232), train_shape=(2, 800, 1333), train_steps=3,
+    compile_sizes=((736, 1333), (800, 1216), (832, 1344), (768, 1280),
+                   (704, 1024), (864, 1152)),
     warmup=3, repeats=10, export_arch=T_ONE_BLOCK,
     export_shape=(2, 512, 512),
     detector_shape=(2, 800, 1333), detector_warmup=2, detector_repeats=5,
@@ -68,6 +73,11 @@ FULL = Profile(
 TINY = Profile(
     name='tiny', arch=TINY_ARCH, comparison_batch=1,
     autocast_shape=(1, 48, 64), train_shape=(1, 48, 70), train_steps=2,
+    # (every size below 6,827 pixels, where torch's CPU convolution shape
+    # function branches on C * H * W > 20480, and with more than one
+    # window at the first level, whose single-window case is another graph)
+    compile_sizes=((40, 70), (56, 64), (48, 90), (64, 60), (52, 76),
+                   (60, 84)),
     warmup=1, repeats=2, export_arch=TINY_ARCH, export_shape=(2, 64, 96),
     detector_shape=(1, 64, 90), detector_warmup=1, detector_repeats=1,
     calibration_n=512)
