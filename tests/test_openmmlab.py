@@ -428,3 +428,39 @@ def test_two_process_ddp_run_on_cpu(data_root, tmp_path):
     assert 'world_size: 2' in log or 'Distributed launcher: pytorch' in log
     assert 'Epoch(train) [1][2/2]' in log  # 8 images / (2 procs x 2)
     assert osp.isfile(tmp_path / 'ddp' / 'epoch_1.pth')
+
+
+def test_demo_detector_features_compile_in_one_graph_for_six_sizes():
+    """The demo RetinaNet's backbone and FPN (``extract_feat``) under
+    ``torch.compile(dynamic=True, fullgraph=True)`` in train mode: no graph
+    break, one graph for seven input sizes, eager's features and gradients.
+    (mmengine's ``compile=True`` compiles the whole ``train_step``, whose
+    mmdet head and loss code breaks graphs on its own; the backbone is
+    traced as part of it as here.) The sizes keep every convolution on one
+    side of torch's CPU shape-function threshold (C * H * W > 20480), which
+    would otherwise compile a second graph outside the backbone."""
+    cfg = Config.fromfile(DEMO_DET)
+    model = _models_registry(cfg).build(cfg.model).train()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(model.extract_feat, dynamic=True,
+                             fullgraph=True, backend='aot_eager')
+    sizes = ((192, 256), (224, 256), (208, 288), (240, 240), (200, 320),
+             (232, 272), (256, 288))
+    params = [p for p in model.backbone.parameters() if p.requires_grad]
+    for h, w in sizes:
+        x = torch.randn(2, 3, h, w)
+        results = []
+        for fn in (compiled, model.extract_feat):
+            feats = fn(x)
+            grads = torch.autograd.grad(sum((f * f).mean() for f in feats),
+                                        params)
+            results.append(([f.detach() for f in feats], grads))
+        (feats, grads), (ref_feats, ref_grads) = results
+        for a, b in zip(feats, ref_feats):
+            assert (a - b).abs().max() <= 1e-4 * b.abs().max(), (h, w)
+        for a, b in zip(grads, ref_grads):
+            assert (a - b).abs().max() <= 1e-4 * b.abs().max().clamp_min(
+                1e-12), (h, w)
+    graphs = torch._dynamo.utils.counters['stats']['unique_graphs']
+    assert graphs == 1, f'{graphs} graphs for {len(sizes)} sizes'
