@@ -25,21 +25,24 @@ def _grid(window: Tuple[int, int]):
     return ys.reshape(-1), xs.reshape(-1)
 
 
-def gqpe_score_features(window: Tuple[int, int]) -> torch.Tensor:
-    """(N * N, 6) features of every query/key pair (query-major), against
-    which GQPE's score coefficients are a dot product (gates/gqpe.py):
+def gqpe_offset_features(window: Tuple[int, int]) -> torch.Tensor:
+    """((2wh-1) * (2ww-1), 6) features of every relative offset of a window,
+    in the order of ``lrpe_relative_index``, against which GQPE's score
+    coefficients are a dot product (gates/gqpe.py):
 
         (dx, dy, -dx^2 / 2, -dx dy / 2, -dy dx / 2, -dy^2 / 2)
 
     the offsets' linear terms, then their quadratic ones in the order of a
     flattened 2 x 2 matrix.
     """
-    ys, xs = _grid(window)
-    dx = (xs[None, :] - xs[:, None]).float()
-    dy = (ys[:, None] - ys[None, :]).float()
+    wh, ww = window
+    rows, cols = table_grid(window)
+    r = torch.arange(rows * cols)
+    dy = (r // cols - (wh - 1)).float()          # ym - yn
+    dx = ((ww - 1) - r % cols).float()           # xn - xm
     feats = (dx, dy, -0.5 * dx * dx, -0.5 * dx * dy, -0.5 * dy * dx,
              -0.5 * dy * dy)
-    return torch.stack(feats, dim=-1).reshape(-1, len(feats))
+    return torch.stack(feats, dim=-1)
 
 
 def lrpe_relative_index(window: Tuple[int, int]) -> torch.Tensor:

@@ -10,6 +10,9 @@ are a softmax over the keys of the window:
     P_s[m, :] = softmax_n(score[s, m, :])
 
 that is score = (S delta) . v - v^T S v / 2 for the offset v = (dx, dy).
+The score depends on the offset alone, so it is computed once per offset
+((2wh-1) x (2ww-1) of them), and the window's N x N pairs index that
+table before the softmax.
 The isotropic form (``generalized=False``) has a scalar spread sigma_s and,
 as published, score = sigma^2 (d1 dx + d2 dy) - (dx^2 + dy^2) / 2: S delta
 with S = sigma^2 I in the linear term, S = I in the quadratic one.
@@ -25,7 +28,7 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 
-from ..relative_position import gqpe_score_features
+from ..relative_position import gqpe_offset_features, lrpe_relative_index
 from .position_bias import PositionBias
 
 # Keys whose weight is below this fraction of the query's own weight get
@@ -42,7 +45,7 @@ def score_coefficients(centers: torch.Tensor, spreads: torch.Tensor,
                        generalized: bool = True, symmetric: bool = True
                        ) -> torch.Tensor:
     """(..., groups, 6): the score as a dot product with the offsets'
-    features (relative_position.gqpe_score_features): the linear
+    features (relative_position.gqpe_offset_features): the linear
     coefficients S delta, then the quadratic form S, flattened.
 
     ``centers`` (..., groups, 2); ``spreads`` (..., groups, 2, 2), or
@@ -58,13 +61,16 @@ def score_coefficients(centers: torch.Tensor, spreads: torch.Tensor,
 
 
 def softmax_weights(coefficients: torch.Tensor, features: torch.Tensor,
-                    window: Tuple[int, int]) -> torch.Tensor:
+                    index: torch.Tensor, window: Tuple[int, int]
+                    ) -> torch.Tensor:
     """(..., groups, N, N) softmax weights over a whole window's keys, keys
-    of negligible weight dropped (NEGLIGIBLE_WEIGHT)."""
+    of negligible weight dropped (NEGLIGIBLE_WEIGHT). ``features``: the
+    offsets' (relative_position.gqpe_offset_features); ``index`` (N * N,):
+    each query/key pair's offset (relative_position.lrpe_relative_index)."""
     n = window[0] * window[1]
-    scores = (coefficients @ features.t()).unflatten(-1, (n, n))
+    scores = coefficients @ features.t()             # (..., groups, offsets)
     scores = scores.masked_fill(scores < NEGLIGIBLE_SCORE, float('-inf'))
-    return scores.softmax(dim=-1)
+    return scores.index_select(-1, index).unflatten(-1, (n, n)).softmax(-1)
 
 
 class GQPE(PositionBias):
@@ -83,8 +89,11 @@ class GQPE(PositionBias):
             self.attention_spreads = nn.Parameter(torch.zeros(groups, 2, 2))
         else:
             self.attention_spreads = nn.Parameter(torch.zeros(groups))
-        self.register_buffer('score_features',
-                             gqpe_score_features(self.window),
+        self.register_buffer('offset_features',
+                             gqpe_offset_features(self.window),
+                             persistent=False)
+        self.register_buffer('offset_index',
+                             lrpe_relative_index(self.window).view(-1),
                              persistent=False)
         self.reset_parameters()
 
@@ -113,8 +122,8 @@ class GQPE(PositionBias):
         spreads = torch.stack([m.attention_spreads for m in modules])
         coefficients = score_coefficients(centers, spreads, first.generalized,
                                           first.symmetric)
-        return softmax_weights(coefficients, first.score_features,
-                               first.window)
+        return softmax_weights(coefficients, first.offset_features,
+                               first.offset_index, first.window)
 
     def extra_repr(self) -> str:
         return (f'window={self.window}, groups={self.groups}, '
