@@ -46,8 +46,9 @@ class LRPE(PositionBias):
         tables = torch.stack(
             [m.window_relative_position_bias_table for m in modules])
         index = first.window_relative_position_index.view(-1)
-        # (D, N * N, groups) -> (D, groups, N, N)
-        return tables.index_select(1, index).transpose(1, 2).reshape(
+        # (D, offsets, groups) -> (D, groups, offsets), then the pairs'
+        # offsets: one pass over the (D, groups, N, N) result
+        return tables.transpose(1, 2).index_select(2, index).view(
             len(modules), first.groups, n, n)
 
     def checkpoint_window(self, state, prefix):
