@@ -109,8 +109,8 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         'GQPE offset dy with the wrong sign (caught by the benchmark port)',
         'posmlp_dense/relative_position.py',
-        '    dy = (ys[:, None] - ys[None, :]).float()\n',
-        '    dy = (ys[None, :] - ys[:, None]).float()\n',
+        '    dy = (r // cols - (wh - 1)).float()          # ym - yn\n',
+        '    dy = ((wh - 1) - r // cols).float()          # ym - yn\n',
         ('tests/test_benchmark.py', '-k', 'published_port_matches')),
     # ------------------------------------------- forward pass: the mixing
     # (token_mixing.py, block_pass.py, gates/, backbone.py, block.py)
@@ -126,8 +126,10 @@ MUTATIONS: List[Mutation] = [
         "level_mixings: the shifted blocks tiled with the unshifted blocks' "
         "per-query bias",
         'posmlp_dense/token_mixing.py',
-        '            tiled = bias[parity::len(grids)].index_select(\n',
-        '            tiled = bias[0::len(grids)].index_select(\n',
+        '            tiled = bias.index_select(1, grid.position_in_window('
+        'bias.device))\n',
+        '            tiled = bias.index_select(1, grids[0].position_in_window('
+        'bias.device))\n',
         (ANY, '-k', 'shifted'), forward=True),
     Mutation(
         'isotropic GQPE score with the sign of the d2 term flipped',
@@ -162,15 +164,15 @@ MUTATIONS: List[Mutation] = [
         'per-query bias dropped where the weights are not renormalized '
         '(LRPE, SGU)',
         'posmlp_dense/token_mixing.py',
-        '        out = per_sample + bias\n',
-        '        out = per_sample + 0 * bias\n',
+        '        out = per_sample + mixing.bias.to(mixed.dtype)\n',
+        '        out = per_sample + 0 * mixing.bias.to(mixed.dtype)\n',
         (ANY, '-k', 'partial_windows_equal'), forward=True),
     Mutation(
         'per-query bias dropped where the rows are renormalized over the '
         'real keys (GQPE)',
         'posmlp_dense/token_mixing.py',
-        '        out = torch.addcmul(bias, per_sample,\n',
-        '        out = torch.addcmul(0 * bias, per_sample,\n',
+        '        out = torch.addcmul(mixing.bias, per_sample,\n',
+        '        out = torch.addcmul(0 * mixing.bias, per_sample,\n',
         (ANY, '-k', 'partial_windows_equal'), forward=True),
     Mutation(
         'mixing weights detached from autograd (forward unchanged)',
@@ -247,8 +249,8 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         'lean backward: d(v) multiplies by v instead of the mixed values',
         'posmlp_dense/block_function.py',
-        '            torch.mul(d_g, m, out=d_v)\n',
-        '            torch.mul(d_g, v, out=d_v)\n',
+        '            d_v = d_g * m\n',
+        '            d_v = d_g * v\n',
         (LEAN, '-k', 'equals_autograd')),
     Mutation(
         'lean backward: LayerNorm output recomputed without its bias',
@@ -267,16 +269,17 @@ MUTATIONS: List[Mutation] = [
         "lean backward: the per-query bias's gradient summed over the first "
         "group's channels only",
         'posmlp_dense/block_function.py',
-        '            d_bias = d_per_sample.sum((0, 1)) if needs[8] '
-        'else None\n',
-        '            d_bias = d_per_sample[0].sum(0) if needs[8] else None\n',
+        '                d_bias = grid.to_windows(per_group.sum((0, 1, 2))'
+        '.view(\n',
+        '                d_bias = grid.to_windows(per_group[:, 0].sum((0, 1))'
+        '.view(\n',
         (LEAN, '-k', 'equals_autograd')),
     Mutation(
         'lean backward: d(u) through P^T instead of P',
         'posmlp_dense/block_function.py',
-        '            d_u.copy_(grid.to_map(torch.bmm(d_m_w, weights), B))\n',
-        '            d_u.copy_(grid.to_map(torch.bmm(d_m_w, '
-        'weights.transpose(1, 2)), B))\n',
+        '            d_u = grid.to_map(torch.bmm(d_m_w, weights), B)\n',
+        '            d_u = grid.to_map(torch.bmm(d_m_w, weights.transpose(1, 2)),'
+        ' B)\n',
         (LEAN, '-k', 'equals_autograd')),
     Mutation(
         "benchmark's stem clock: the stem's backward not counted",
