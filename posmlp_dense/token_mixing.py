@@ -80,24 +80,27 @@ def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
             parts = [type(g).stacked_weights([g]) for g in gates]
             weights = torch.cat([w for w, _ in parts])
             bias = torch.cat([b for _, b in parts])
-        # (blocks are taken apart with unbind: its backward stacks their
-        # gradients once, where indexing would add each block's gradient
-        # into a zero tensor of the whole stack)
+        # (blocks are taken apart with unbind, and regrouped with stack:
+        # their backwards gather the blocks' gradients once, where indexing
+        # would add each block's gradient into a zero tensor of the stack)
         blocks = weights.unbind(0)
-        normalized = [j for j, g in enumerate(gates) if g.normalizes_over_keys]
-        scaled = weights if len(normalized) == len(gates) else \
-            torch.stack([blocks[j] for j in normalized]) if normalized else None
-        per_grid = []
-        for grid in grids:
+        biases: List[torch.Tensor] = [None] * len(gates)
+        scales: List[Optional[torch.Tensor]] = [None] * len(gates)
+        for parity, grid in enumerate(grids):
+            chosen = range(parity, len(gates), len(grids))
             tiled = bias.index_select(1, grid.position_in_window(bias.device))
-            scales = key_scale(scaled, grid.key_mask(weights)).unbind(0) \
-                if normalized else ()
-            per_grid.append((tiled.unbind(0), dict(zip(normalized, scales))))
-    mixings = []
-    for j, w in enumerate(blocks):
-        biases, scales = per_grid[j % len(grids)]
-        mixings.append(Mixing(w, biases[j], scales.get(j)))
-    return mixings
+            rows = tiled.unbind(0)
+            for j in chosen:
+                biases[j] = rows[j]
+            normalized = [j for j in chosen if gates[j].normalizes_over_keys]
+            if not normalized:
+                continue
+            stacked = weights if len(normalized) == len(gates) else \
+                torch.stack([blocks[j] for j in normalized])
+            for j, scale in zip(normalized, key_scale(
+                    stacked, grid.key_mask(weights)).unbind(0)):
+                scales[j] = scale
+    return [Mixing(w, b, s) for w, b, s in zip(blocks, biases, scales)]
 
 
 def mix(u: torch.Tensor, mixing: Mixing, grid: WindowGrid) -> torch.Tensor:

@@ -17,6 +17,7 @@ from benchmarks.gpu_proxy import (H200, NeedsData, OpCounter, count_call,
                                   run_gpu_proxy)
 from benchmarks.report import gpu_proxy_markdown, gpu_proxy_targets, verdict
 from posmlp_dense import PosMLP
+from posmlp_dense.token_mixing import level_mixings
 
 from conftest import TINY_ARCH, load_tool
 
@@ -342,7 +343,6 @@ def test_a_levels_weight_gradients_cost_bytes_linear_in_depth(gate):
         grids = level.window_grids(10, 9)
 
         def step():
-            from posmlp_dense.token_mixing import level_mixings
             mixings = level_mixings([b.gate_unit for b in level.encoder],
                                     grids)
             loss = sum(m.weights.sum() + m.bias.sum() for m in mixings)

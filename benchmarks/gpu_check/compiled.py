@@ -64,7 +64,7 @@ def compiled_step(model: nn.Module, shape: Tuple[int, int, int],
     eager_s, compiled_s = (runs[k]['median_s'] for k in ('eager', 'compiled'))
     size_errs, size_first_s = [], []
     for h2, w2 in other_sizes:
-        x = make_input((h2, w2), batch, device, seed)
+        x = make_input((h2, w2), batch, device, seed)   # what step() reads
         eager_outs = step(model)
         eager_grads = grads()
         start = time.perf_counter()

@@ -28,7 +28,7 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 
-from ..relative_position import gqpe_offset_features, lrpe_relative_index
+from ..relative_position import gqpe_offset_features
 from .position_bias import PositionBias
 
 # Keys whose weight is below this fraction of the query's own weight get
@@ -91,9 +91,6 @@ class GQPE(PositionBias):
             self.attention_spreads = nn.Parameter(torch.zeros(groups))
         self.register_buffer('offset_features',
                              gqpe_offset_features(self.window),
-                             persistent=False)
-        self.register_buffer('offset_index',
-                             lrpe_relative_index(self.window).view(-1),
                              persistent=False)
         self.reset_parameters()
 

@@ -16,8 +16,8 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 
-from ..relative_position import (infer_window, lrpe_relative_index,
-                                 resize_relative_table, table_grid)
+from ..relative_position import (infer_window, resize_relative_table,
+                                 table_grid)
 from .position_bias import PositionBias
 
 
@@ -31,9 +31,6 @@ class LRPE(PositionBias):
         rows = table_grid(self.window)
         self.window_relative_position_bias_table = nn.Parameter(
             torch.zeros(rows[0] * rows[1], groups))
-        self.register_buffer('window_relative_position_index',
-                             lrpe_relative_index(self.window),
-                             persistent=False)
 
     def reset_parameters(self):
         nn.init.zeros_(self.window_relative_position_bias_table)
@@ -45,7 +42,7 @@ class LRPE(PositionBias):
         n = first.window[0] * first.window[1]
         tables = torch.stack(
             [m.window_relative_position_bias_table for m in modules])
-        index = first.window_relative_position_index.view(-1)
+        index = first.offset_index
         # (D, offsets, groups) -> (D, groups, offsets), then the pairs'
         # offsets: one pass over the (D, groups, N, N) result
         return tables.transpose(1, 2).index_select(2, index).view(

@@ -21,7 +21,8 @@ from typing import Dict, Tuple
 import torch
 from torch import nn
 
-from ..relative_position import infer_window, resize_position_bias
+from ..relative_position import (infer_window, lrpe_relative_index,
+                                 resize_position_bias)
 
 logger = logging.getLogger('posmlp_dense')
 
@@ -41,6 +42,11 @@ class PositionBias(nn.Module):
         self.window = tuple(window)
         self.token_proj_n_bias = nn.Parameter(
             torch.zeros(1, self.window[0] * self.window[1], 1))
+        # (N * N,): the relative offset of each query/key pair of a window,
+        # which both encodings' per-offset values are indexed by
+        self.register_buffer('offset_index',
+                             lrpe_relative_index(self.window).view(-1),
+                             persistent=False)
         self.register_load_state_dict_pre_hook(_adapt_state_dict)
 
     @classmethod
