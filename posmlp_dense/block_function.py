@@ -79,7 +79,7 @@ class _Saved(NamedTuple):
     expand_weight: torch.Tensor
     shrink_weight: torch.Tensor
     hidden: torch.Tensor                 # h, (2K, T)
-    mixed: torch.Tensor                  # m' in map order, (K, B, H, W)
+    mixed: torch.Tensor                  # m' in map order, (groups, V * B, H * W)
     weights: torch.Tensor                # P, (groups, N, N)
     bias: torch.Tensor
     scale: Optional[torch.Tensor]
@@ -100,11 +100,9 @@ class LeanBlock(torch.autograd.Function):
         # the dtype LayerNorm ran in (float32 under autocast)
         ctx.norm_dtype = torch.promote_types(x.dtype, torch.float32) \
             if torch.is_autocast_enabled(x.device.type) else x.dtype
-        # m' in map order, without the windows' padding
-        mixed = grid.to_map(result.mixed, x.shape[0]).contiguous()
         ctx.save_for_backward(*_Saved(
             x, norm_weight, norm_bias, expand_weight, shrink_weight,
-            result.hidden, mixed, weights, bias, scale, drop_scale))
+            result.hidden, result.mixed, weights, bias, scale, drop_scale))
         return result.output
 
     @staticmethod
@@ -124,51 +122,44 @@ class LeanBlock(torch.autograd.Function):
             d_out = d_out.view(-1, C)
             u, v = F.gelu(s.hidden, approximate=ctx.approximate).view(
                 2, K, B, H, W).unbind(0)
-            # m = scale * m' + bias, in map order; with a key scale in its
-            # own dtype (float32: it may exceed float16's range), as the
-            # forward does (token_mixing.finish)
-            wide = dtype if s.scale is None else s.scale.dtype
-            bias = _token_map(s.bias.to(wide).unsqueeze(0), grid)
+            # as (K / groups, groups, B, H * W), channel k = c * groups + g
+            # at [c, g]: v as it is, m' (grouped) as a view
+            v = v.reshape(K // groups, groups, B, -1)
+            mixed = s.mixed.view(groups, K // groups, B, -1).transpose(0, 1)
+            # m = scale * m' + bias; with a key scale in its own dtype
+            # (float32: it may exceed float16's range), as the forward does
+            # (token_mixing.gate_output)
             if s.scale is None:
-                m = s.mixed + bias
+                m = mixed + s.bias.to(dtype)
             else:
-                scale = _token_map(s.scale, grid)                # (G, H, W)
-                m = torch.addcmul(bias, s.mixed.view(-1, groups, B, H, W),
-                                  scale.unsqueeze(1)).view(K, B, H, W)
-            g = (m * v).to(dtype).view(K, -1)
+                scale = s.scale.unsqueeze(1)                  # (G, 1, HW)
+                m = torch.addcmul(s.bias.to(scale.dtype), mixed, scale)
+            g = (v * m).to(dtype).view(K, -1)
             d_shrink_w = d_out.t().mm(g.t()) if needs[5] else None
             d_shrink_b = d_out.sum(0) if needs[6] else None
-            d_g = s.shrink_weight.to(dtype).t().mm(d_out.t()).view(K, B, H,
-                                                                  W)
+            d_g = s.shrink_weight.to(dtype).t().mm(d_out.t()).view_as(v)
             d_v = d_g * m
             d_m = d_g * v
             # bias and scale are shared by a group's channels and the
-            # samples: their gradients are sums in map order, laid out per
-            # token of the window layout as they are
-            per_group = d_m.view(-1, groups, B, H, W)
-            d_bias = d_scale = None
-            if needs[8]:
-                d_bias = grid.to_windows(per_group.sum((0, 1, 2)).view(
-                    1, 1, H, W), 1).view(-1)
-            if s.scale is None:
-                d_m_w = grid.to_windows(d_m, groups)
-            else:
+            # samples: their gradients are sums, per token of the map
+            d_bias = d_m.sum((0, 1, 2)) if needs[8] else None
+            d_scale = None
+            if s.scale is not None:
                 if needs[9]:
-                    d_scale = grid.to_windows(
-                        (per_group * s.mixed.view_as(per_group)).sum(
-                            (0, 2)).unsqueeze(1), groups).view(groups, -1)
-                d_m_w = grid.to_windows((per_group * scale.unsqueeze(1)
-                                         ).view(K, B, H, W), groups)
+                    d_scale = (d_m * mixed).sum((0, 2))
+                d_m = d_m * scale
+            d_m_w = grid.to_windows(d_m.view(K, B, H, W), groups)
             weights = s.weights.to(d_m_w.dtype)
             d_weights = None
             if needs[7]:
                 u_w = grid.to_windows(u, groups).to(d_m_w.dtype)
                 d_weights = torch.bmm(d_m_w.transpose(1, 2), u_w)
-            d_u = grid.to_map(torch.bmm(d_m_w, weights), B)
-            # d(u, v) as one (2K, T) tensor for GELU's backward. (Built by
-            # cat, not written into halves of a buffer: a copy into a view
-            # makes torch.compile's functionalization guard on the map's
-            # size, and compile again at every new size.)
+            d_u = grid.to_map(torch.bmm(d_m_w, weights))
+            d_u = d_u.view(groups, K // groups, B, -1).transpose(0, 1)
+            # d(u, v) as one (2K, T) tensor for GELU's backward, channels
+            # in order. (Built by cat, not written into halves of a buffer:
+            # a copy into a view makes torch.compile's functionalization
+            # guard on the map's size, and compile again at every new size.)
             d_act = torch.cat([d_u.to(dtype), d_v.to(dtype)]).view(2 * K, -1)
             d_hidden = torch.ops.aten.gelu_backward(
                 d_act, s.hidden, approximate=ctx.approximate)
@@ -191,14 +182,6 @@ class LeanBlock(torch.autograd.Function):
                 _like(d_shrink_b, s.shrink_weight),
                 _like(d_weights, s.weights), _like(d_bias, s.bias),
                 _like(d_scale, s.scale), None, None, None, None)
-
-
-def _token_map(per_token: torch.Tensor, grid: WindowGrid) -> torch.Tensor:
-    """(rows, windows * N) per token of one sample's window layout -> (rows,
-    H, W) in map order (padded tokens dropped)."""
-    rows = per_token.shape[0]
-    return grid.to_map(per_token.view(rows, -1, grid.tokens), 1).view(
-        rows, grid.height, grid.width)
 
 
 def _like(grad: Optional[torch.Tensor], ref: Optional[torch.Tensor]):

@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .token_mixing import Mixing, finish, mix
+from .token_mixing import Mixing, gate_output, mix
 from .windows import WindowGrid
 
 
@@ -41,7 +41,7 @@ class BlockPass(NamedTuple):
     lean training Function keeps."""
     output: torch.Tensor            # (B, H, W, C)
     hidden: torch.Tensor            # (2K, B * H * W), before GELU
-    mixed: torch.Tensor             # token_mixing.mix's result (windows)
+    mixed: torch.Tensor             # m' in map order, (groups, V * B, H * W)
 
 
 def block_pass(x: torch.Tensor, w: BlockWeights, mixing: Mixing,
@@ -59,8 +59,8 @@ def block_pass(x: torch.Tensor, w: BlockWeights, mixing: Mixing,
         2, -1, B, H, W).unbind(0)
     if gate_input is not None:
         u = gate_input(u)
-    mixed = mix(u, mixing, grid)
-    gated = finish(mixed, mixing, grid, B) * v
+    mixed = grid.to_map(mix(u, mixing, grid))
+    gated = gate_output(mixed, mixing, v)
     out = torch.addmm(w.shrink_bias, gated.reshape(gated.shape[0], -1).t(),
                       w.shrink_weight.t())
     if drop_scale is not None:

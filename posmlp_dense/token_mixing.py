@@ -35,12 +35,12 @@ from .windows import WindowGrid
 @dataclass
 class Mixing:
     """One block's mixing operands on one window grid. ``bias`` and
-    ``scale`` are laid out per token of one sample's window layout
-    (windows.WindowGrid.to_windows: windows * N tokens), so that applying
-    them broadcasts over channels and samples only."""
+    ``scale`` are per token of one sample's map, in map order (H * W of
+    them), so that applying them broadcasts over channels and samples
+    only."""
     weights: torch.Tensor              # (groups, N, N)
-    bias: torch.Tensor                 # (windows * N,)
-    scale: Optional[torch.Tensor]      # (groups, windows * N), or None
+    bias: torch.Tensor                 # (H * W,)
+    scale: Optional[torch.Tensor]      # (groups, H * W), or None
 
     @property
     def groups(self) -> int:
@@ -88,8 +88,8 @@ def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
         scales: List[Optional[torch.Tensor]] = [None] * len(gates)
         for parity, grid in enumerate(grids):
             chosen = range(parity, len(gates), len(grids))
-            tiled = bias.index_select(1, grid.position_in_window(bias.device))
-            rows = tiled.unbind(0)
+            on_map = grid.map_index(bias.device)
+            rows = bias.index_select(1, on_map % grid.tokens).unbind(0)
             for j in chosen:
                 biases[j] = rows[j]
             normalized = [j for j in chosen if gates[j].normalizes_over_keys]
@@ -97,8 +97,9 @@ def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
                 continue
             stacked = weights if len(normalized) == len(gates) else \
                 torch.stack([blocks[j] for j in normalized])
-            for j, scale in zip(normalized, key_scale(
-                    stacked, grid.key_mask(weights)).unbind(0)):
+            scale = key_scale(stacked, grid.key_mask(weights))
+            for j, scale in zip(normalized,
+                                scale.index_select(2, on_map).unbind(0)):
                 scales[j] = scale
     return [Mixing(w, b, s) for w, b, s in zip(blocks, biases, scales)]
 
@@ -114,28 +115,21 @@ def mix(u: torch.Tensor, mixing: Mixing, grid: WindowGrid) -> torch.Tensor:
     return torch.bmm(windows, mixing.weights.to(windows.dtype).transpose(1, 2))
 
 
-def finish(mixed: torch.Tensor, mixing: Mixing, grid: WindowGrid,
-           batch) -> torch.Tensor:
-    """``mix``'s result -> (K, B, H, W): scaled, biased, in map order."""
-    per_sample = split_tokens(mixed, grid)
+def gate_output(mixed: torch.Tensor, mixing: Mixing, v: torch.Tensor
+                ) -> torch.Tensor:
+    """The gate's output (scale * m' + bias) * v in v's layout (K, B, H,
+    W), from ``mixed`` = m', ``mix``'s result in map order
+    (windows.WindowGrid.to_map: (groups, K/groups * B, H * W))."""
+    groups = mixed.shape[0]
+    K, B = v.shape[0], v.shape[1]
+    # m' with channel k = c * groups + g at [c, g]: v's order, as a view
+    m = mixed.view(groups, K // groups, B, -1).transpose(0, 1)
     if mixing.scale is None:
-        out = per_sample + mixing.bias.to(mixed.dtype)
+        m = m + mixing.bias.to(mixed.dtype)
     else:
         # in the scale's dtype (float32 under autocast): a row whose real
         # keys hold little of its window's softmax has a scale beyond
         # float16's range
-        out = torch.addcmul(mixing.bias, per_sample,
-                            mixing.scale.unsqueeze(1))
-    return grid.to_map(out.view(out.shape[0], -1).view(mixed.shape), batch)
-
-
-def split_tokens(rows: torch.Tensor, grid: WindowGrid) -> torch.Tensor:
-    """(groups, rows, N) in the window layout -> (groups, K/groups * B,
-    windows * N): each sample's tokens along the last dimension, where
-    ``Mixing.bias`` and ``Mixing.scale`` apply. (Merged first, then split:
-    a reshape that regroups a window count directly makes a tracer guard
-    on whether it is 1.)"""
-    return rows.reshape(rows.shape[0], -1).view(rows.shape[0], -1,
-                                                grid.padded_tokens)
-
-
+        m = torch.addcmul(mixing.bias, m, mixing.scale.unsqueeze(1))
+    # v first: the product takes v's (contiguous) layout
+    return (v.reshape(K // groups, groups, B, -1) * m).view(v.shape)

@@ -14,7 +14,8 @@ level, whatever the map size (token_mixing.py). A zero key adds nothing to a
 weighted sum, so a real query of a partial window sees only its real keys;
 gates whose rows are a softmax over the window are then renormalized over
 those keys (``key_mask`` and token_mixing.key_scale). ``to_map`` brings the
-result back and drops the padded queries.
+result back in one gather of the real queries (``map_index``), so the
+padded ones are never copied again.
 
 All sizes here are plain arithmetic on the map's size, with no branch on
 it: under torch.compile and torch.export they stay symbolic, and one graph
@@ -33,12 +34,12 @@ class WindowGrid:
     windows starting ``top`` tokens above and ``left`` tokens left of the
     map (the leading padding; non-zero only for shifted windows).
 
-    ``gathers``: move tokens with index arithmetic and gathers instead of
-    padding and views. Both give the same layout, bit for bit. A captured
-    graph needs the gathers: a view of a padded map makes the tracer guard
-    on sizes (that a map holds more than one window, say), which would tie
-    the graph to sizes like the capture's. Eager PyTorch takes the views,
-    whose copies run faster.
+    ``gathers``: cut u into windows with index arithmetic and a gather, and
+    compute ``map_index`` by arithmetic, instead of padding and views. Both
+    give the same layout, bit for bit. A captured graph needs the gathers:
+    a view of a padded map makes the tracer guard on sizes (that a map holds
+    more than one window, say), which would tie the graph to sizes like the
+    capture's. Eager PyTorch takes the views, whose copies run faster.
     """
 
     def __init__(self, height, width, window: Tuple[int, int], top=0, left=0,
@@ -51,6 +52,7 @@ class WindowGrid:
         self.rows = (top + height + wh - 1) // wh
         self.cols = (left + width + ww - 1) // ww
         self._indices = None
+        self._map_index = None
 
     @property
     def tokens(self) -> int:
@@ -92,22 +94,14 @@ class WindowGrid:
         return win.permute(1, 0, 2, 3, 5, 4, 6).reshape(
             groups, K // groups * B * self.rows * self.cols, wh * ww)
 
-    def to_map(self, w: torch.Tensor, batch) -> torch.Tensor:
-        """The inverse of ``to_windows``: (groups, V * B * windows, N) ->
-        (K, B, H, W), the padded tokens dropped."""
+    def to_map(self, w: torch.Tensor) -> torch.Tensor:
+        """``to_windows``'s rows back in map order: (groups, V * B * windows,
+        N) -> (groups, V * B, H * W), the padded tokens dropped. Channels
+        stay grouped: channel k = v * groups + g is at [g, v * B + b]."""
         groups = w.shape[0]
-        wh, ww = self.window
-        if self.gathers:
-            _, _, target = self._gather_indices(w.device)
-            flat = w.reshape(groups, -1).view(groups, -1, batch,
-                                              self.padded_tokens)
-            picked = flat.index_select(3, target).transpose(0, 1)
-            return picked.reshape(-1, batch, self.height, self.width)
-        win = w.view(groups, -1, batch, self.rows, self.cols, wh, ww)
-        padded = win.permute(1, 0, 2, 3, 5, 4, 6).reshape(
-            -1, batch, self.rows * wh, self.cols * ww)
-        return padded[:, :, self.top:self.top + self.height,
-                      self.left:self.left + self.width]
+        flat = w.reshape(groups, -1).view(-1, self.padded_tokens)
+        return flat.index_select(1, self.map_index(w.device)).view(
+            groups, -1, self.height * self.width)
 
     def key_mask(self, like: torch.Tensor) -> torch.Tensor:
         """(windows * N,): 1 where a token of the window layout is real, 0
@@ -117,15 +111,26 @@ class WindowGrid:
         ones = like.new_ones(1, 1, self.height, self.width)
         return self.to_windows(ones, 1).reshape(-1)
 
-    def position_in_window(self, device) -> torch.Tensor:
-        """(windows * N,): each token's in-window index m = y * ww + x, in
-        the window layout of one sample."""
-        return torch.arange(self.padded_tokens, device=device) % self.tokens
+    def map_index(self, device) -> torch.Tensor:
+        """(H * W,): where each token of the map, in map order, sits in one
+        sample's window layout (its window * N + its in-window index)."""
+        if self.gathers:
+            return self._gather_indices(device)[2]
+        if self._map_index is None:
+            wh, ww = self.window
+            layout = torch.arange(self.padded_tokens, device=device).view(
+                self.rows, self.cols, wh, ww)
+            padded = layout.permute(0, 2, 1, 3).reshape(self.rows * wh,
+                                                        self.cols * ww)
+            self._map_index = padded[self.top:self.top + self.height,
+                                     self.left:self.left + self.width
+                                     ].reshape(-1)
+        return self._map_index
 
     def _gather_indices(self, device):
         """For the window layout of one sample: the map position each token
         copies (any real one where padded), which tokens are real, and, per
-        map position, its token (``to_map``)."""
+        map position, its token (``map_index``)."""
         if self._indices is None:
             wh, ww = self.window
             n = wh * ww

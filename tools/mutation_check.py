@@ -123,13 +123,11 @@ MUTATIONS: List[Mutation] = [
         '    return key_mask / real_sum.reshape(*lead, -1)\n',
         (LEAN, '-k', 'equals_autograd'), forward=True),
     Mutation(
-        "level_mixings: the shifted blocks tiled with the unshifted blocks' "
-        "per-query bias",
+        "level_mixings: the shifted blocks' per-query bias and key scale "
+        "laid out on the unshifted blocks' grid",
         'posmlp_dense/token_mixing.py',
-        '            tiled = bias.index_select(1, grid.position_in_window('
-        'bias.device))\n',
-        '            tiled = bias.index_select(1, grids[0].position_in_window('
-        'bias.device))\n',
+        '            on_map = grid.map_index(bias.device)\n',
+        '            on_map = grids[0].map_index(bias.device)\n',
         (ANY, '-k', 'shifted'), forward=True),
     Mutation(
         'isotropic GQPE score with the sign of the d2 term flipped',
@@ -164,15 +162,16 @@ MUTATIONS: List[Mutation] = [
         'per-query bias dropped where the weights are not renormalized '
         '(LRPE, SGU)',
         'posmlp_dense/token_mixing.py',
-        '        out = per_sample + mixing.bias.to(mixed.dtype)\n',
-        '        out = per_sample + 0 * mixing.bias.to(mixed.dtype)\n',
+        '        m = m + mixing.bias.to(mixed.dtype)\n',
+        '        m = m + 0 * mixing.bias.to(mixed.dtype)\n',
         (ANY, '-k', 'partial_windows_equal'), forward=True),
     Mutation(
         'per-query bias dropped where the rows are renormalized over the '
         'real keys (GQPE)',
         'posmlp_dense/token_mixing.py',
-        '        out = torch.addcmul(mixing.bias, per_sample,\n',
-        '        out = torch.addcmul(0 * mixing.bias, per_sample,\n',
+        '        m = torch.addcmul(mixing.bias, m, mixing.scale.unsqueeze(1))\n',
+        '        m = torch.addcmul(0 * mixing.bias, m, mixing.scale.unsqueeze(1))'
+        '\n',
         (ANY, '-k', 'partial_windows_equal'), forward=True),
     Mutation(
         'mixing weights detached from autograd (forward unchanged)',
@@ -238,12 +237,13 @@ MUTATIONS: List[Mutation] = [
         '        win = F.pad(t, self.padding(), value=1.0).view(\n',
         (ANY, '-k', 'partial_windows_equal'), forward=True),
     Mutation(
-        "to_map crops the padded map at (0, 0), not after the grid's "
-        "leading padding (shifted windows)",
+        "map_index crops the padded map at (0, 0), not after the grid's "
+        "leading padding (shifted windows, eager layout)",
         'posmlp_dense/windows.py',
-        '        return padded[:, :, self.top:self.top + self.height,\n'
-        '                      self.left:self.left + self.width]\n',
-        '        return padded[:, :, :self.height, :self.width]\n',
+        '            self._map_index = padded[self.top:self.top + self.height,\n'
+        '                                     self.left:self.left + self.width\n',
+        '            self._map_index = padded[:self.height,\n'
+        '                                     :self.width\n',
         (ANY, '-k', 'shifted'), forward=True),
     # ------------------------ the lean training Function (block_function.py)
     Mutation(
@@ -269,17 +269,15 @@ MUTATIONS: List[Mutation] = [
         "lean backward: the per-query bias's gradient summed over the first "
         "group's channels only",
         'posmlp_dense/block_function.py',
-        '                d_bias = grid.to_windows(per_group.sum((0, 1, 2))'
-        '.view(\n',
-        '                d_bias = grid.to_windows(per_group[:, 0].sum((0, 1))'
-        '.view(\n',
+        '            d_bias = d_m.sum((0, 1, 2)) if needs[8] else None\n',
+        '            d_bias = d_m[:, 0].sum((0, 1)) if needs[8] else None\n',
         (LEAN, '-k', 'equals_autograd')),
     Mutation(
         'lean backward: d(u) through P^T instead of P',
         'posmlp_dense/block_function.py',
-        '            d_u = grid.to_map(torch.bmm(d_m_w, weights), B)\n',
-        '            d_u = grid.to_map(torch.bmm(d_m_w, weights.transpose(1, 2)),'
-        ' B)\n',
+        '            d_u = grid.to_map(torch.bmm(d_m_w, weights))\n',
+        '            d_u = grid.to_map(torch.bmm(d_m_w, weights.transpose(1, 2)))'
+        '\n',
         (LEAN, '-k', 'equals_autograd')),
     Mutation(
         "benchmark's stem clock: the stem's backward not counted",
