@@ -95,7 +95,7 @@ class LeanBlock(torch.autograd.Function):
         w = BlockWeights(norm_weight, norm_bias, expand_weight, expand_bias,
                          shrink_weight, shrink_bias, eps, approximate)
         result = block_pass(x, w, Mixing(weights, bias, scale), grid,
-                            drop_scale)
+                            drop_scale, keep_intermediates=True)
         ctx.grid, ctx.eps, ctx.approximate = grid, eps, approximate
         # the dtype LayerNorm ran in (float32 under autocast)
         ctx.norm_dtype = torch.promote_types(x.dtype, torch.float32) \

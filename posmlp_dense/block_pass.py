@@ -37,26 +37,32 @@ class BlockWeights:
 
 
 class BlockPass(NamedTuple):
-    """What one pass computes: the block's output and the intermediates the
-    lean training Function keeps."""
-    output: torch.Tensor            # (B, H, W, C)
-    hidden: torch.Tensor            # (2K, B * H * W), before GELU
-    mixed: torch.Tensor             # m' in map order, (groups, V * B, H * W)
+    """What one pass computes: the block's output and, when asked for, the
+    intermediates the lean training Function keeps."""
+    output: torch.Tensor                # (B, H, W, C)
+    hidden: Optional[torch.Tensor]      # (2K, B * H * W), before GELU
+    mixed: Optional[torch.Tensor]       # m' in map order, (groups, V * B, H * W)
 
 
 def block_pass(x: torch.Tensor, w: BlockWeights, mixing: Mixing,
                grid: WindowGrid, drop_scale: Optional[torch.Tensor] = None,
-               gate_input: Optional[Callable] = None) -> BlockPass:
+               gate_input: Optional[Callable] = None,
+               keep_intermediates: bool = False) -> BlockPass:
     """The block on a (B, H, W, C) map. ``drop_scale``: stochastic depth's
     per-sample (B,) scale, or None; ``gate_input``: the gate's transform of
-    u before the mixing (GateUnit.prepare_input), or None."""
+    u before the mixing (GateUnit.prepare_input), or None;
+    ``keep_intermediates``: also return the pre-activation and m'. Without
+    it the pre-activation is freed once activated, and LayerNorm's output
+    once expanded, which lowers the peak memory of an inference by a third
+    of the block's."""
     B, H, W, C = x.shape
-    normed = F.layer_norm(x.reshape(-1, C), (C,), w.norm_weight, w.norm_bias,
-                          w.eps)
     hidden = torch.addmm(w.expand_bias.unsqueeze(1), w.expand_weight,
-                         normed.t())
+                         F.layer_norm(x.reshape(-1, C), (C,), w.norm_weight,
+                                      w.norm_bias, w.eps).t())
     u, v = F.gelu(hidden, approximate=w.approximate).view(
         2, -1, B, H, W).unbind(0)
+    if not keep_intermediates:
+        del hidden
     if gate_input is not None:
         u = gate_input(u)
     mixed = grid.to_map(mix(u, mixing, grid))
@@ -65,4 +71,7 @@ def block_pass(x: torch.Tensor, w: BlockWeights, mixing: Mixing,
                       w.shrink_weight.t())
     if drop_scale is not None:
         out = (out.view(B, -1) * drop_scale.to(out.dtype).unsqueeze(1))
-    return BlockPass(x + out.view(B, H, W, C), hidden, mixed)
+    out = x + out.view(B, H, W, C)
+    if keep_intermediates:
+        return BlockPass(out, hidden, mixed)
+    return BlockPass(out, None, None)

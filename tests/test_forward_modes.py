@@ -133,3 +133,32 @@ def test_levels_keep_one_channels_last_layout():
         for level, dim in zip(model.levels, TINY_ARCH['embed_dims']):
             y = level(y)
             assert y.dim() == 4 and y.shape[-1] == dim
+
+
+def test_inference_frees_the_pre_activation_before_the_mixing(monkeypatch):
+    """Without autograd a block keeps no intermediate it has used: the
+    pre-activation (2K values per token) is gone by the time u is mixed,
+    which lowers an inference's peak memory. Where the lean training
+    Function runs, the pass keeps it (the Function saves it)."""
+    import weakref
+    from posmlp_dense import block_pass as module
+    seen = {}
+    gelu, mix = module.F.gelu, module.mix
+
+    def recording_gelu(hidden, **kwargs):
+        seen['hidden'] = weakref.ref(hidden)
+        return gelu(hidden, **kwargs)
+
+    def checking_mix(*args):
+        seen.setdefault('alive', []).append(seen['hidden']() is not None)
+        return mix(*args)
+    monkeypatch.setattr(module.F, 'gelu', recording_gelu)
+    monkeypatch.setattr(module, 'mix', checking_mix)
+    model = _model().eval()
+    x = torch.randn(1, 3, 64, 80)
+    with torch.no_grad():
+        model(x)
+    assert seen['alive'] and not any(seen['alive'])
+    seen.clear()
+    sum(o.sum() for o in model(x)).backward()
+    assert seen['alive'] and all(seen['alive'])

@@ -182,6 +182,13 @@ MUTATIONS: List[Mutation] = [
         '.detach().transpose(1, 2))\n',
         (GRADIENTS, '-k', 'block_gradients'), forward=True),
     Mutation(
+        'inference keeps the pre-activation through the mixing (a third '
+        "more of a block's peak memory)",
+        'posmlp_dense/block_pass.py',
+        '    if not keep_intermediates:\n        del hidden\n',
+        '    if not keep_intermediates:\n        pass\n',
+        ('tests/test_forward_modes.py', '-k', 'frees'), forward=True),
+    Mutation(
         "the lean Function run for a gate that transforms u first (SGU: its "
         "LayerNorm skipped wherever autograd records)",
         'posmlp_dense/block.py',
