@@ -488,6 +488,45 @@ def gpu_proxy_markdown(report: dict, heading: str = '###') -> List[str]:
     return lines
 
 
+def compiled_markdown(report: dict, heading: str = '###') -> List[str]:
+    """The torch.compile section (benchmarks.compiled): PosMLP-T's training
+    step compiled with dynamic shapes, timed against eager, then run at
+    further sizes, which must not compile again."""
+    c = report.get('compile')
+    if not c:
+        return []
+    env = report.get('environment', {})
+    b, h, w = c['shape']
+    sizes = ', '.join(f'{sh}x{sw}' for sh, sw in c.get('other_sizes', []))
+    eager, compiled = c['eager_median_s'], c['compiled_median_s']
+    lines = [
+        '', f"{heading} torch.compile: {c['label']} training step", '',
+        f"`torch.compile(model, backend='{c['backend']}', dynamic=True)` "
+        f"of {c['label']}'s training step (forward, the sum of the first half "
+        f"of every level's output channels, backward; no stochastic depth, "
+        f"fp32), with torch {env.get('torch', '?')} on "
+        f"{env.get('cuda_device') or env.get('cpu_model', '?')} "
+        f"({env.get('threads', '?')} threads), at commit "
+        f"{(env.get('git_commit') or '?')[:7]}. The timed step is "
+        f"{b}x3x{h}x{w}; then one step at each of {sizes or 'no other size'}, "
+        f"which must reuse its graph.", '',
+        '| figure | value |', '| --- | ---: |',
+        f"| first call (compile and run) | {c['first_call_s']:.1f} s |",
+        f"| eager step (median) | {eager * 1e3:.0f} ms |",
+        f"| compiled step (median) | {compiled * 1e3:.0f} ms "
+        f"({compiled / eager:.2f}x eager) |",
+        f"| graphs for {1 + len(c.get('other_sizes', []))} sizes | "
+        f"{c['graphs']} |",
+        f"| first call at a further size, at most | "
+        f"{max(c.get('other_size_first_call_s') or [0]):.2f} s |",
+        f"| compiled against eager: outputs, gradients (relative L2) | "
+        f"{c['output_difference']:.1e}, {c['gradient_difference']:.1e} |",
+        f"| at the further sizes, at most | "
+        f"{max(c.get('other_size_difference') or [0]):.1e} |",
+        '', ('Passed.' if c['passed'] else 'FAILED: ' + c['detail'])]
+    return lines
+
+
 def markdown(report: dict) -> str:
     env, cal = report['environment'], report['calibration']
     cal.setdefault('all_gflops', [cal['peak_gflops']])
@@ -597,6 +636,7 @@ def markdown(report: dict) -> str:
                   f"{c['max_abs_output']:.1f})."]
     lines += training_markdown(report)
     lines += gpu_proxy_markdown(report)
+    lines += compiled_markdown(report)
     lines += ['', f"Run time: {report['run_seconds'] / 60:.1f} min."]
     return '\n'.join(lines) + '\n'
 

@@ -304,6 +304,39 @@ def test_benchmark_gpu_proxy_only(tmp_path):
     assert '### GPU proxy' in (tmp_path / 'proxy.md').read_text()
 
 
+def test_benchmark_compile_only(tmp_path):
+    """The benchmark's torch.compile part: one training step compiled with
+    dynamic shapes, timed against eager, then further sizes in the same
+    graph; its figures go to the JSON, the Markdown and the page's
+    "compile" section, and a page without that section is refused."""
+    bench = load_tool('benchmark')
+    page = tmp_path / 'perf.md'
+    page.write_text('# Perf\n\n<!-- generated: compile -->\n'
+                    '<!-- end generated: compile -->\n')
+    out = tmp_path / 'compiled.json'
+    report = bench.main([
+        '--compile-only', '--device', 'cpu', '--compile-backend', 'eager',
+        '--posmlp-arch', json.dumps(TINY_ARCH), '--compile-shape', '1x40x70',
+        '--compile-sizes', '56x64,48x90', '--compile-repeats', '1',
+        '--calib-size', '128', '--no-chart', '--out', str(out),
+        '--update-doc', str(page)])
+    assert report['results'] == [] and report['training'] == []
+    c = json.loads(out.read_text())['compile']
+    assert c['passed'] and c['graphs'] == 1, c['detail']
+    assert c['other_sizes'] == [[56, 64], [48, 90]]
+    assert c['output_difference'] <= 1e-5 and c['gradient_difference'] <= 1e-5
+    assert c['compiled_median_s'] > 0 and c['first_call_s'] > 0
+    assert '## torch.compile: PosMLP (custom arch) training step' in \
+        page.read_text()
+    assert '| graphs for 3 sizes | 1 |' in (tmp_path / 'compiled.md'
+                                             ).read_text()
+    plain = tmp_path / 'plain.md'
+    plain.write_text('<!-- generated: gpu-proxy -->\n'
+                     '<!-- end generated: gpu-proxy -->\n')
+    with pytest.raises(SystemExit):
+        bench.parse_args(['--compile-only', '--update-doc', str(plain)])
+
+
 @pytest.mark.parametrize('argv, message', [
     (['--gpu-proxy-only', '--gpu-proxy-steps', 'fwd:1x64x64'],
      'bad --gpu-proxy-steps entry'),

@@ -76,6 +76,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from benchmarks.cli_sizes import parse_dims
+from benchmarks.compiled import run_compiled
 from benchmarks.doc_sections import update_file, update_sections
 from benchmarks.gpu_proxy import MODELS as PROXY_MODELS
 from benchmarks.gpu_proxy import PATHS as PROXY_PATHS
@@ -87,8 +88,8 @@ from benchmarks.measure import (
     make_input, matmul_calibration, size_name)
 from benchmarks.models import ALL_MODELS, build_models, count_params
 from benchmarks.published_port import port_check
-from benchmarks.report import (chart, gpu_proxy_markdown, markdown,
-                               target_lines)
+from benchmarks.report import (chart, compiled_markdown, gpu_proxy_markdown,
+                               markdown, target_lines)
 from benchmarks.training import (
     DETECTOR_BACKBONES, MEMORY_MODES, TrainingCase, run_training)
 
@@ -156,8 +157,9 @@ def parse_proxy_steps(text: str) -> List[Tuple[str, Tuple[int, ...]]]:
     return steps
 
 
-# The generated section of --update-doc's page that this benchmark writes.
-DOC_SECTION = 'gpu-proxy'
+# The generated sections of --update-doc's page that this benchmark writes,
+# and what writes each from a report.
+DOC_SECTIONS = {'gpu-proxy': gpu_proxy_markdown, 'compile': compiled_markdown}
 
 
 def parse_cp(text: str) -> List[bool]:
@@ -271,8 +273,31 @@ def parse_args(argv=None):
                          "CPU tensors throughout)")
     gp.add_argument('--update-doc', metavar='PAGE',
                     help='after the run (or with --from-json), rewrite the '
-                         f'section "{DOC_SECTION}" of this Markdown page '
-                         '(between its marker lines) from the JSON')
+                         'generated sections of this Markdown page (between '
+                         'their marker lines) from the JSON: "gpu-proxy" '
+                         'with --gpu-proxy(-only), "compile" with '
+                         '--compile(-only)')
+    cp = p.add_argument_group('torch.compile part')
+    cp.add_argument('--compile', action='store_true',
+                    help="also compile PosMLP-T's training step "
+                         '(torch.compile, dynamic=True) and report the '
+                         'first-call time, the compiled step against eager, '
+                         'and the graphs taken by further sizes '
+                         '(benchmarks.compiled)')
+    cp.add_argument('--compile-only', action='store_true',
+                    help='run only the torch.compile part')
+    cp.add_argument('--compile-shape', default='1x512x512',
+                    help='BxHxW of the timed step (default %(default)s)')
+    cp.add_argument('--compile-sizes',
+                    default='480x544,544x480,448x608,576x416,512x640,'
+                            '608x512',
+                    help='HxW comma list run after the timed step, each of '
+                         'which must reuse its graph (default %(default)s)')
+    cp.add_argument('--compile-backend', default='inductor',
+                    help='torch.compile backend (default %(default)s)')
+    cp.add_argument('--compile-repeats', type=int, default=3,
+                    help='timed eager and compiled steps, interleaved '
+                         '(default %(default)s, after one warm-up each)')
     p.add_argument('--keep-freed-memory', action='store_true',
                    help='run in a child process whose malloc keeps freed '
                         'memory (glibc tunables, Linux): no step pays page '
@@ -303,11 +328,16 @@ def parse_args(argv=None):
         p.error('--training-only and --no-training exclude each other')
     if args.gpu_proxy_only and args.training_only:
         p.error('--gpu-proxy-only and --training-only exclude each other')
+    if args.compile_only and (args.gpu_proxy_only or args.training_only):
+        p.error('--compile-only excludes --gpu-proxy-only and '
+                '--training-only')
     if args.update_doc:
-        if not (args.gpu_proxy or args.gpu_proxy_only or args.from_json):
-            p.error('--update-doc writes the GPU-proxy section: add '
-                    '--gpu-proxy or --gpu-proxy-only (or --from-json)')
-        check_doc(args.update_doc, p.error)
+        sections = doc_sections(args)
+        if not (sections or args.from_json):
+            p.error('--update-doc writes the GPU-proxy and compile sections: '
+                    'add --gpu-proxy, --gpu-proxy-only, --compile or '
+                    '--compile-only (or --from-json)')
+        check_doc(args.update_doc, sections, p.error)
     base = QUICK if args.quick else DEFAULTS
     for key, value in base.items():
         if getattr(args, key) is None:
@@ -319,25 +349,40 @@ def parse_args(argv=None):
     return args
 
 
-def check_doc(path: str, error):
+def doc_sections(args) -> List[str]:
+    """The generated sections this run writes."""
+    return ([name for name, wanted in (
+        ('gpu-proxy', args.gpu_proxy or args.gpu_proxy_only),
+        ('compile', args.compile or args.compile_only)) if wanted])
+
+
+def check_doc(path: str, sections: List[str], error):
     """Before anything runs: the page --update-doc names exists and has
-    the generated section's markers."""
+    the markers of the sections this run writes."""
     try:
         with open(path, encoding='utf-8') as f:
-            update_sections(f.read(), {DOC_SECTION: ''}, path)
+            update_sections(f.read(), {name: '' for name in sections}, path)
     except (OSError, ValueError) as err:
         error(f'--update-doc {path}: {err}')
 
 
 def update_doc(report: dict, json_path: str, page: str):
-    """Rewrite ``page``'s GPU-proxy section from ``report``."""
-    lines = gpu_proxy_markdown(report, heading='##')
-    if not lines:
+    """Rewrite ``page``'s generated sections that ``report`` has figures
+    for."""
+    sections = {}
+    for name, write in DOC_SECTIONS.items():
+        lines = write(report, heading='##')
+        if lines:
+            sections[name] = '\n'.join(lines)
+    if not sections:
         raise SystemExit(f'--update-doc: {json_path} has no GPU-proxy rows '
-                         f'(run with --gpu-proxy or --gpu-proxy-only)')
-    update_file(page, {DOC_SECTION: '\n'.join(lines)},
-                os.path.relpath(json_path))
-    log(f'rewrote the section "{DOC_SECTION}" of {page}')
+                         f'and no compile figures (run with --gpu-proxy or '
+                         f'--compile)')
+    try:
+        update_file(page, sections, os.path.relpath(json_path))
+    except ValueError as err:
+        raise SystemExit(f'--update-doc {page}: {err}') from None
+    log(f'rewrote the sections {", ".join(map(repr, sections))} of {page}')
 
 
 def run_keeping_freed_memory(argv, out: str) -> dict:
@@ -450,7 +495,8 @@ def main(argv=None) -> dict:
         return run_keeping_freed_memory(argv, args.out)
     start = time.perf_counter()
     device = choose_device(args.device)
-    inference = not (args.training_only or args.gpu_proxy_only)
+    inference = not (args.training_only or args.gpu_proxy_only
+                     or args.compile_only)
     names = checked(parse_list(args.models), ALL_MODELS, 'model') \
         if inference else []
     fb = parse_list(args.fwdbwd_models)
@@ -464,7 +510,13 @@ def main(argv=None) -> dict:
         if inference else []
     scaling_names = checked(parse_list(args.scaling_models), ALL_MODELS,
                             'model') if scaling_sizes else []
-    cases = [] if args.gpu_proxy_only else training_cases(args)
+    cases = [] if (args.gpu_proxy_only or args.compile_only) else \
+        training_cases(args)
+    compile_shape = parse_size_arg(args.compile_shape, 'BxHxW',
+                                   'compile shape') \
+        if args.compile or args.compile_only else None
+    compile_sizes = parse_sizes(args.compile_sizes, 'HxW', 'compile size') \
+        if compile_shape else []
     proxy_steps = parse_proxy_steps(args.gpu_proxy_steps) \
         if args.gpu_proxy or args.gpu_proxy_only else []
     proxy_names = checked(parse_list(args.gpu_proxy_models), ALL_MODELS,
@@ -570,6 +622,11 @@ def main(argv=None) -> dict:
             train_memory, args.seed, posmlp_arch, mem_interval, start,
             flop_count=None if args.no_count else
             'real' if args.real_count else 'fake')
+
+    if compile_shape:
+        report['compile'] = run_compiled(
+            compile_shape, compile_sizes, device, args.compile_backend, 1,
+            args.compile_repeats, args.seed, posmlp_arch, start)
 
     calibs.append(matmul_calibration(device, calib_n))
     peak = max(c['gflops'] for c in calibs)
