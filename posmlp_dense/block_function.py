@@ -79,7 +79,7 @@ class _Saved(NamedTuple):
     expand_weight: torch.Tensor
     shrink_weight: torch.Tensor
     hidden: torch.Tensor                 # h, (2K, T)
-    mixed: torch.Tensor                  # m' in map order, (groups, V * B, H * W)
+    mixed: torch.Tensor                  # m' in map order, (K * B, H * W)
     weights: torch.Tensor                # P, (groups, N, N)
     bias: torch.Tensor
     scale: Optional[torch.Tensor]
@@ -124,8 +124,9 @@ class LeanBlock(torch.autograd.Function):
                 2, K, B, H, W).unbind(0)
             # as (K / groups, groups, B, H * W), channel k = c * groups + g
             # at [c, g]: v as it is, m' (grouped) as a view
-            v = v.reshape(K // groups, groups, B, -1)
-            mixed = s.mixed.view(groups, K // groups, B, -1).transpose(0, 1)
+            v = v.reshape(K // groups, groups, B, H * W)
+            mixed = s.mixed.view(groups, K // groups, B, H * W).transpose(
+                0, 1)
             # m = scale * m' + bias; with a key scale in its own dtype
             # (float32: it may exceed float16's range), as the forward does
             # (token_mixing.gate_output)
@@ -155,7 +156,7 @@ class LeanBlock(torch.autograd.Function):
                 u_w = grid.to_windows(u, groups).to(d_m_w.dtype)
                 d_weights = torch.bmm(d_m_w.transpose(1, 2), u_w)
             d_u = grid.to_map(torch.bmm(d_m_w, weights))
-            d_u = d_u.view(groups, K // groups, B, -1).transpose(0, 1)
+            d_u = d_u.view(groups, K // groups, B, H * W).transpose(0, 1)
             # d(u, v) as one (2K, T) tensor for GELU's backward, channels
             # in order. (Built by cat, not written into halves of a buffer:
             # a copy into a view makes torch.compile's functionalization

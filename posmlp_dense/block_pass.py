@@ -41,7 +41,7 @@ class BlockPass(NamedTuple):
     intermediates the lean training Function keeps."""
     output: torch.Tensor                # (B, H, W, C)
     hidden: Optional[torch.Tensor]      # (2K, B * H * W), before GELU
-    mixed: Optional[torch.Tensor]       # m' in map order, (groups, V * B, H * W)
+    mixed: Optional[torch.Tensor]       # m' in map order, (K * B, H * W)
 
 
 def block_pass(x: torch.Tensor, w: BlockWeights, mixing: Mixing,

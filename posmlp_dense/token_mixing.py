@@ -119,11 +119,13 @@ def gate_output(mixed: torch.Tensor, mixing: Mixing, v: torch.Tensor
                 ) -> torch.Tensor:
     """The gate's output (scale * m' + bias) * v in v's layout (K, B, H,
     W), from ``mixed`` = m', ``mix``'s result in map order
-    (windows.WindowGrid.to_map: (groups, K/groups * B, H * W))."""
-    groups = mixed.shape[0]
-    K, B = v.shape[0], v.shape[1]
-    # m' with channel k = c * groups + g at [c, g]: v's order, as a view
-    m = mixed.view(groups, K // groups, B, -1).transpose(0, 1)
+    (windows.WindowGrid.to_map: (K * B, H * W), channels grouped)."""
+    K, B, H, W = v.shape
+    groups = mixing.groups
+    # m' with channel k = c * groups + g at [c, g]: v's order, as a view.
+    # (Every size spelled out: an inferred one is a quotient of symbolic
+    # sizes under torch.compile, whose strides inductor cannot order.)
+    m = mixed.view(groups, K // groups, B, H * W).transpose(0, 1)
     if mixing.scale is None:
         m = m + mixing.bias.to(mixed.dtype)
     else:
@@ -132,4 +134,4 @@ def gate_output(mixed: torch.Tensor, mixing: Mixing, v: torch.Tensor
         # float16's range
         m = torch.addcmul(mixing.bias, m, mixing.scale.unsqueeze(1))
     # v first: the product takes v's (contiguous) layout
-    return (v.reshape(K // groups, groups, B, -1) * m).view(v.shape)
+    return (v.reshape(K // groups, groups, B, H * W) * m).view(v.shape)

@@ -96,12 +96,11 @@ class WindowGrid:
 
     def to_map(self, w: torch.Tensor) -> torch.Tensor:
         """``to_windows``'s rows back in map order: (groups, V * B * windows,
-        N) -> (groups, V * B, H * W), the padded tokens dropped. Channels
-        stay grouped: channel k = v * groups + g is at [g, v * B + b]."""
-        groups = w.shape[0]
-        flat = w.reshape(groups, -1).view(-1, self.padded_tokens)
-        return flat.index_select(1, self.map_index(w.device)).view(
-            groups, -1, self.height * self.width)
+        N) -> (groups * V * B, H * W), the padded tokens dropped. Channels
+        stay grouped: channel k = v * groups + g is in row (g * V + v) * B
+        + b. (The caller, who knows V and B, splits the rows.)"""
+        flat = w.reshape(w.shape[0], -1).view(-1, self.padded_tokens)
+        return flat.index_select(1, self.map_index(w.device))
 
     def key_mask(self, like: torch.Tensor) -> torch.Tensor:
         """(windows * N,): 1 where a token of the window layout is real, 0
