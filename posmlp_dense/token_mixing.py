@@ -97,9 +97,9 @@ def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
                 continue
             stacked = weights if len(normalized) == len(gates) else \
                 torch.stack([blocks[j] for j in normalized])
-            scale = key_scale(stacked, grid.key_mask(weights))
-            for j, scale in zip(normalized,
-                                scale.index_select(2, on_map).unbind(0)):
+            on_tokens = key_scale(stacked, grid.key_mask(weights))
+            for j, scale in zip(normalized, on_tokens.index_select(
+                    2, on_map).unbind(0)):
                 scales[j] = scale
     return [Mixing(w, b, s) for w, b, s in zip(blocks, biases, scales)]
 
