@@ -72,6 +72,25 @@ def lean_block(x: torch.Tensor, w: BlockWeights, mixing: Mixing,
                            drop_scale, grid, w.eps, w.approximate)
 
 
+class _Inputs(NamedTuple):
+    """LeanBlock's inputs, by name: ``ctx.needs_input_grad`` read as one
+    of these says which gradients autograd asks for."""
+    x: bool
+    norm_weight: bool
+    norm_bias: bool
+    expand_weight: bool
+    expand_bias: bool
+    shrink_weight: bool
+    shrink_bias: bool
+    weights: bool
+    bias: bool
+    scale: bool
+    drop_scale: bool
+    grid: bool
+    eps: bool
+    approximate: bool
+
+
 class _Saved(NamedTuple):
     x: torch.Tensor
     norm_weight: torch.Tensor
@@ -109,7 +128,7 @@ class LeanBlock(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         s = _Saved(*ctx.saved_tensors)
-        needs = ctx.needs_input_grad
+        needs = _Inputs(*ctx.needs_input_grad)
         grid: WindowGrid = ctx.grid
         B, H, W, C = s.x.shape
         dtype = s.hidden.dtype
@@ -136,23 +155,23 @@ class LeanBlock(torch.autograd.Function):
                 scale = s.scale.unsqueeze(1)                  # (G, 1, HW)
                 m = torch.addcmul(s.bias.to(scale.dtype), mixed, scale)
             g = (v * m).to(dtype).view(K, -1)
-            d_shrink_w = d_out.t().mm(g.t()) if needs[5] else None
-            d_shrink_b = d_out.sum(0) if needs[6] else None
+            d_shrink_w = d_out.t().mm(g.t()) if needs.shrink_weight else None
+            d_shrink_b = d_out.sum(0) if needs.shrink_bias else None
             d_g = s.shrink_weight.to(dtype).t().mm(d_out.t()).view_as(v)
             d_v = d_g * m
             d_m = d_g * v
             # bias and scale are shared by a group's channels and the
             # samples: their gradients are sums, per token of the map
-            d_bias = d_m.sum((0, 1, 2)) if needs[8] else None
+            d_bias = d_m.sum((0, 1, 2)) if needs.bias else None
             d_scale = None
             if s.scale is not None:
-                if needs[9]:
+                if needs.scale:
                     d_scale = (d_m * mixed).sum((0, 2))
                 d_m = d_m * scale
             d_m_w = grid.to_windows(d_m.view(K, B, H, W), groups)
             weights = s.weights.to(d_m_w.dtype)
             d_weights = None
-            if needs[7]:
+            if needs.weights:
                 u_w = grid.to_windows(u, groups).to(d_m_w.dtype)
                 d_weights = torch.bmm(d_m_w.transpose(1, 2), u_w)
             d_u = grid.to_map(torch.bmm(d_m_w, weights))
@@ -164,18 +183,19 @@ class LeanBlock(torch.autograd.Function):
             d_act = torch.cat([d_u.to(dtype), d_v.to(dtype)]).view(2 * K, -1)
             d_hidden = torch.ops.aten.gelu_backward(
                 d_act, s.hidden, approximate=ctx.approximate)
-            d_expand_b = d_hidden.sum(1) if needs[4] else None
+            d_expand_b = d_hidden.sum(1) if needs.expand_bias else None
             ln_input = s.x.reshape(-1, C).to(ctx.norm_dtype)
             normed, mean, rstd = torch.native_layer_norm(
                 ln_input, (C,), s.norm_weight, s.norm_bias, ctx.eps)
-            d_expand_w = d_hidden.mm(normed.to(dtype)) if needs[3] else None
+            d_expand_w = d_hidden.mm(normed.to(dtype)) \
+                if needs.expand_weight else None
             d_normed = d_hidden.t().mm(s.expand_weight.to(dtype))
             d_ln, d_norm_w, d_norm_b = \
                 torch.ops.aten.native_layer_norm_backward(
                     d_normed.to(ctx.norm_dtype), ln_input, (C,), mean, rstd,
                     s.norm_weight, s.norm_bias,
-                    [needs[0], needs[1], needs[2]])
-            d_x = dy + d_ln.view_as(dy).to(dy.dtype) if needs[0] else None
+                    [needs.x, needs.norm_weight, needs.norm_bias])
+            d_x = dy + d_ln.view_as(dy).to(dy.dtype) if needs.x else None
         return (d_x, d_norm_w, d_norm_b,
                 _like(d_expand_w, s.expand_weight),
                 _like(d_expand_b, s.expand_weight),

@@ -276,8 +276,8 @@ MUTATIONS: List[Mutation] = [
         "lean backward: the per-query bias's gradient summed over the first "
         "group's channels only",
         'posmlp_dense/block_function.py',
-        '            d_bias = d_m.sum((0, 1, 2)) if needs[8] else None\n',
-        '            d_bias = d_m[:, 0].sum((0, 1)) if needs[8] else None\n',
+        '            d_bias = d_m.sum((0, 1, 2)) if needs.bias else None\n',
+        '            d_bias = d_m[:, 0].sum((0, 1)) if needs.bias else None\n',
         (LEAN, '-k', 'equals_autograd')),
     Mutation(
         'lean backward: d(u) through P^T instead of P',
