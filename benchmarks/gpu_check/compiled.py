@@ -26,11 +26,22 @@ COMPILE_TOLERANCE = 1e-3
 def compiled_step(model: nn.Module, shape: Tuple[int, int, int],
                   device: torch.device, backend: str, warmup: int,
                   repeats: int, seed: int,
-                  other_sizes: Sequence[Tuple[int, int]] = ()) -> Verdict:
+                  other_sizes: Sequence[Tuple[int, int]] = (),
+                  recompute_views: bool = False) -> Verdict:
     """``model`` (no stochastic depth: eager and compiled must see the same
     network) in train mode: forward, ``half_channel_loss``, backward; then
     one step at each of ``other_sizes`` (height, width), which must reuse
-    the first graph."""
+    the first graph. ``recompute_views``: compile with torch's
+    ``torch._functorch.config.recompute_views`` on, the workaround of
+    docs/training.md for inductor's failure to order the strides of a
+    saved view at batches above 1 (torch <= 2.14)."""
+    with torch._functorch.config.patch(recompute_views=recompute_views):
+        return _compiled_step(model, shape, device, backend, warmup,
+                              repeats, seed, other_sizes)
+
+
+def _compiled_step(model, shape, device, backend, warmup, repeats, seed,
+                   other_sizes) -> Verdict:
     model = model.to(device).train()
     batch, h, w = shape
     x = make_input((h, w), batch, device, seed)
