@@ -263,25 +263,27 @@ class GpuCheck:
     def compile(self) -> List[Check]:
         p = self.profile
         b, h, w = p.train_shape
-        # the default compile's verdict (False if it raised): the second
-        # row, torch's workaround, runs only where the default fails
-        default = {}
+        label = f'{p.posmlp_label} fwdbwd {b}x3x{h}x{w}'
+        default_passed = {}     # stays False where the default compile raises
 
-        def run(recompute_views: bool):
-            if recompute_views and default.get('passed', True):
-                raise Skip('run only where the default compile fails')
-            if not recompute_views:
-                default['passed'] = False
-            verdict = compiled_step(
+        def step(recompute_views: bool) -> Verdict:
+            return compiled_step(
                 posmlp(p.arch, 'gqpe', seed=self.seed), p.train_shape,
                 self.device, self.args.compile_backend, p.warmup, p.repeats,
                 self.seed, p.compile_sizes, recompute_views=recompute_views)
-            if not recompute_views:
-                default['passed'] = verdict.passed
+
+        def default() -> Verdict:
+            default_passed['value'] = False
+            verdict = step(recompute_views=False)
+            default_passed['value'] = verdict.passed
             return verdict
-        label = f'{p.posmlp_label} fwdbwd {b}x3x{h}x{w}'
-        return [(label, lambda: run(False)),
-                (f'{label}, recompute_views=True', lambda: run(True))]
+
+        def workaround() -> Verdict:
+            if default_passed.get('value', True):
+                raise Skip('run only where the default compile fails')
+            return step(recompute_views=True)
+        return [(label, default),
+                (f'{label}, recompute_views=True', workaround)]
 
     def detector(self) -> List[Check]:
         p = self.profile

@@ -34,7 +34,7 @@ def compiled_step(model: nn.Module, shape: Tuple[int, int, int],
     the first graph. ``recompute_views``: compile with torch's
     ``torch._functorch.config.recompute_views`` on, the workaround of
     docs/training.md for inductor's failure to order the strides of a
-    saved view at batches above 1 (torch <= 2.14)."""
+    saved view at batches above 1 (seen with torch 2.14.1)."""
     with torch._functorch.config.patch(recompute_views=recompute_views):
         return _compiled_step(model, shape, device, backend, warmup,
                               repeats, seed, other_sizes)
