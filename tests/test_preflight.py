@@ -57,6 +57,9 @@ def test_headline_config_lists_everything_missing_and_exits_2(tmp_path):
     assert res.returncode == preflight.EXIT_STATUS, res.stderr[-3000:]
     assert 'Traceback' not in res.stderr
     err = res.stderr
+    # the first screen opens with the user's problem, not with warnings of
+    # third-party packages (posmlp_dense/known_warnings.py)
+    assert err.startswith('preflight: '), err[:1000]
     # every missing item, in one run
     assert err.count(f'data root: {coco}/') == 2  # train and val sets
     # the evaluator's file lies under that root: no entry of its own, but

@@ -92,6 +92,7 @@ from benchmarks.report import (chart, compiled_markdown, gpu_proxy_markdown,
                                markdown, target_lines)
 from benchmarks.training import (
     DETECTOR_BACKBONES, MEMORY_MODES, TrainingCase, run_training)
+from posmlp_dense.known_warnings import hide_known_third_party_warnings
 
 # Backbones the training part can build (the published port shares
 # PosMLP-T's weights and has no checkpointing).
@@ -663,4 +664,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == '__main__':
+    hide_known_third_party_warnings()
     main()

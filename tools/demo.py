@@ -32,6 +32,7 @@ import sys
 import time
 
 from posmlp_dense.data import shapes as demo_data
+from posmlp_dense.known_warnings import hide_known_third_party_warnings
 
 HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(HERE)
@@ -207,4 +208,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+    hide_known_third_party_warnings()
     main()

@@ -33,6 +33,7 @@ from posmlp_dense.export import (DEFAULT_VERIFY_SIZES, ExportDependencyError,
                                  export_verified, require_export_dependencies)
 from posmlp_dense.archs import GATES
 from benchmarks.cli_sizes import parse_dims
+from posmlp_dense.known_warnings import hide_known_third_party_warnings
 
 
 def parse_size(text):
@@ -257,4 +258,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+    hide_known_third_party_warnings()
     sys.exit(main())

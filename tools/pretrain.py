@@ -12,6 +12,8 @@ Checkpoints (``last.pth``, ``best.pth``) hold ``state_dict`` and
 ``posmlp_dense.load_pretrained`` read them as they are.
 """
 from posmlp_dense.pretraining.cli import main
+from posmlp_dense.known_warnings import hide_known_third_party_warnings
 
 if __name__ == '__main__':
+    hide_known_third_party_warnings()
     main()

@@ -11,6 +11,7 @@ import json
 import os
 import os.path as osp
 
+from posmlp_dense.known_warnings import hide_known_third_party_warnings
 from posmlp_dense.openmmlab.runtime import launch, preflight
 
 
@@ -53,4 +54,5 @@ def main():
 
 
 if __name__ == '__main__':
+    hide_known_third_party_warnings()
     main()

@@ -10,6 +10,7 @@ tools/dist_train.sh and tools/slurm_train.sh (``--launcher pytorch|slurm``).
 """
 import argparse
 
+from posmlp_dense.known_warnings import hide_known_third_party_warnings
 from posmlp_dense.openmmlab.runtime import launch, preflight
 
 
@@ -49,4 +50,5 @@ def main():
 
 
 if __name__ == '__main__':
+    hide_known_third_party_warnings()
     main()
