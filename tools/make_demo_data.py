@@ -59,8 +59,8 @@ def parse_args(argv=None):
                         default=shape_classes.DEFAULT_IMAGE_SIZE,
                         help='classification image side (default: '
                         f'{shape_classes.DEFAULT_IMAGE_SIZE})')
-    parser.add_argument('--rel-train', type=int, default=2000,
-                        help='relation training images (default: 2000)')
+    parser.add_argument('--rel-train', type=int, default=1600,
+                        help='relation training images (default: 1600)')
     parser.add_argument('--rel-val', type=int, default=400,
                         help='relation validation images (default: 400)')
     parser.add_argument('--rel-size', type=int,

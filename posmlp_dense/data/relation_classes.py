@@ -147,7 +147,7 @@ def _check_params(num_train, num_val, image_size, size_range, margin):
                 margin_degrees=float(margin))
 
 
-def make_relation_set(root: str, num_train: int = 2000, num_val: int = 400,
+def make_relation_set(root: str, num_train: int = 1600, num_val: int = 400,
                       image_size: int = DEFAULT_IMAGE_SIZE, seed: int = 0,
                       size_range: Sequence[float] = DEFAULT_SIZE_RANGE,
                       margin: float = DEFAULT_MARGIN_DEGREES,
