@@ -98,12 +98,12 @@ def test_update_doc_rewrites_only_its_section(ablation, tmp_path):
     out, result = ablation
     page = tmp_path / 'page.md'
     page.write_text(f'# Page\n\nkept\n\n<!-- generated: {SECTION} -->\n'
-                    f'old\n<!-- end generated: {SECTION} -->\n\ntail\n')
+                    f'OLD BODY\n<!-- end generated: {SECTION} -->\n\ntail\n')
     assert main(['--out', out, '--from-json', '--update-doc',
                  str(page)]) == 0
     text = page.read_text()
     assert text.startswith('# Page\n\nkept\n') and text.endswith('tail\n')
-    assert 'old' not in text and 'tools/ablate_gates.py' in text
+    assert 'OLD BODY' not in text and 'tools/ablate_gates.py' in text
     assert doc_section(result, 'x.json', 'x.png').split('\n')[2] in text
 
 
