@@ -113,6 +113,7 @@ def test_update_doc_rewrites_only_its_section(ablation, tmp_path):
     (['--gates', 'sgu,sgu'], 'named twice'),
     (['--seeds', '0'], 'seeds must be at least 1'),
     (['--epochs', '0'], 'epochs must be at least 1'),
+    (['--device', 'tpu'], "device must be 'cpu' or 'cuda"),
 ])
 def test_bad_input_is_named(data, tmp_path, capsys, args, message):
     argv = ['--data', data, '--out', str(tmp_path / 'o')] + args

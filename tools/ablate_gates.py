@@ -57,6 +57,9 @@ def parse_args(argv=None):
     parser.add_argument('--work-dir', default=None,
                         help='keep each run\'s log and checkpoints here '
                         '(default: a temporary folder, removed)')
+    parser.add_argument('--device', default='cpu',
+                        help='cpu (default) or cuda (then with the '
+                        'recipe\'s fp16 autocast)')
     parser.add_argument('--update-doc', metavar='PAGE', default=None,
                         help=f'rewrite the "{SECTION}" section of PAGE '
                         f'(e.g. docs/positional_encoding.md) from the JSON')
@@ -95,7 +98,8 @@ def main(argv=None) -> int:
                 data = made['root']
             settings = AblationSettings(data=data, gates=gates,
                                         seeds=args.seeds, epochs=args.epochs,
-                                        work_dir=args.work_dir)
+                                        work_dir=args.work_dir,
+                                        device=args.device)
             settings.check()
             os.makedirs(args.out, exist_ok=True)
             result = run_ablation(settings)

@@ -126,25 +126,52 @@ def _direction(result: dict) -> List[str]:
             continue
         row = gates[gate]
         diff = row['top1_mean'] - sgu['top1_mean']
-        # a difference inside one standard error of the two means is noise
+        # the standard error of the difference of the two means; a gap
+        # under two of them is what seeds alone often give
         noise = math.sqrt(row['top1_std'] ** 2 / len(row['top1']) +
                           sgu['top1_std'] ** 2 / len(sgu['top1']))
-        if abs(diff) <= noise:
-            verdict = 'within the seeds\' noise'
+        ratio = abs(diff) / noise if noise > 0 else \
+            (0.0 if diff == 0 else math.inf)
+        if ratio <= 2:
+            verdict = (f'not resolved by these seeds ({ratio:.2f} standard '
+                       f'errors; two would be needed)')
         elif diff > 0:
-            verdict = 'the paper\'s direction'
+            verdict = (f'the paper\'s direction ({ratio:.2f} standard '
+                       f'errors)')
         else:
-            verdict = 'against the paper\'s direction'
+            verdict = (f'against the paper\'s direction ({ratio:.2f} '
+                       f'standard errors)')
         out.append(
             f'{_label(gate)} {row["top1_mean"]:.2f}% vs SGU '
-            f'{sgu["top1_mean"]:.2f}%: {diff:+.2f} points '
-            f'(standard error of the difference {noise:.2f}): {verdict}; '
+            f'{sgu["top1_mean"]:.2f}%: {diff:+.2f} points, standard error '
+            f'of the difference {noise:.2f}: {verdict}; '
             f'{row["token_mixing_params"]:,} token-mixing parameters '
             f'against SGU\'s {sgu["token_mixing_params"]:,} '
             f'({row["token_mixing_params"] / sgu["token_mixing_params"]:.2f}'
             f'x), {row["params"]:,} parameters in all against '
             f'{sgu["params"]:,}.')
     return out
+
+
+def _plain_answer(result: dict) -> str:
+    """Did PoSGU beat SGU here? One sentence, before the figures."""
+    gates = result['gates']
+    posgu = [g for g in ('gqpe', 'lrpe') if g in gates]
+    if 'sgu' not in gates or not posgu:
+        return ''
+    diffs = {g: gates[g]['top1_mean'] - gates['sgu']['top1_mean']
+             for g in posgu}
+    names = ' and '.join(_label(g) for g in posgu)
+    if all(d > 0 for d in diffs.values()):
+        return (f'Did the paper\'s direction hold here? In the means, yes: '
+                f'{names} scored above SGU (the figures below say whether '
+                f'by more than the seeds\' noise).')
+    if all(d < 0 for d in diffs.values()):
+        return (f'Did the paper\'s direction hold here? No: SGU scored '
+                f'above {names} in the means (the figures below say by how '
+                f'many standard errors).')
+    return ('Did the paper\'s direction hold here? Mixed: one PoSGU gate '
+            'scored above SGU and one below.')
 
 
 def _saturation(result: dict) -> str:
@@ -205,7 +232,8 @@ def doc_section(result: dict, json_path: str, plot_path: str) -> str:
         f'{paper["growth"]["lrpe"]} for LRPE and {paper["growth"]["gqpe"]} '
         f'for GQPE.',
         '',
-        '**Here:** ' + ' '.join(_direction(result) + [_saturation(result)]),
+        '**Here:** ' + ' '.join([_plain_answer(result)] + _direction(result)
+                                + [_saturation(result)]),
         '',
         _small_data_caveat(result),
         '',

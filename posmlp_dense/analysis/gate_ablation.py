@@ -27,6 +27,7 @@ from torch import nn
 
 from ..archs import GATES
 from ..gates import GateUnit
+from ..pretraining.model_factory import build_classifier
 from ..pretraining.recipe import SHAPES_DEMO, Recipe
 from ..pretraining.trainer import RunSettings, pretrain
 
@@ -59,6 +60,7 @@ class AblationSettings:
     arch: dict = field(default_factory=lambda: dict(ABLATION_ARCH))
     # where each run's log and checkpoints go; default: a temporary folder
     work_dir: Optional[str] = None
+    device: str = 'cpu'
 
     def check(self) -> None:
         """Raise ValueError naming a bad setting."""
@@ -76,6 +78,9 @@ class AblationSettings:
             raise ValueError(f'seeds must be at least 1, got {self.seeds}')
         if not isinstance(self.epochs, int) or self.epochs < 1:
             raise ValueError(f'epochs must be at least 1, got {self.epochs}')
+        if self.device.split(':')[0] not in ('cpu', 'cuda'):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got "
+                             f'{self.device!r}')
 
 
 def token_mixing_parameters(model: nn.Module) -> int:
@@ -102,14 +107,12 @@ def _mean_std(values: List[float]) -> tuple:
 def train_one(settings: AblationSettings, gate: str, seed: int,
               output: str) -> dict:
     """One run: top-1 of the final weights, parameter counts, time."""
-    from ..pretraining.model_factory import build_classifier
-
     recipe = settings.recipe.replace(epochs=settings.epochs, seed=seed)
     arch_kwargs = dict(arch=settings.arch, gate=gate)
     start = time.perf_counter()
     result = pretrain(RunSettings(
         data=settings.data, output=output, arch_kwargs=arch_kwargs,
-        device='cpu', log_interval=10 ** 9, eval_interval=settings.epochs,
+        device=settings.device, log_interval=10 ** 9, eval_interval=settings.epochs,
         workers=recipe.workers), recipe)
     seconds = time.perf_counter() - start
     model = build_classifier('custom', len(result['classes']),
