@@ -129,3 +129,22 @@ def test_update_doc_without_markers_fails_before_training(data, tmp_path,
                  '--update-doc', str(page)]) == 2
     assert SECTION in capsys.readouterr().err
     assert not (tmp_path / 'o').exists()
+
+
+def test_the_docs_section_is_the_one_generated_from_its_json():
+    """docs/positional_encoding.md's ablation section is written from the
+    JSON it names (tools/ablate_gates.py --from-json --update-doc), not by
+    hand."""
+    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    with open(osp.join(root, 'docs', 'ablation', 'ablation.json')) as f:
+        result = json.load(f)
+    body = doc_section(result, 'docs/ablation/ablation.json',
+                       'ablation/ablation.png').strip('\n')
+    with open(osp.join(root, 'docs', 'positional_encoding.md')) as f:
+        page = f.read()
+    start = page.index(f'<!-- generated: {SECTION} ')
+    start = page.index('\n', start) + 1
+    end = page.index(f'<!-- end generated: {SECTION} -->')
+    assert page[start:end].strip('\n') == body
+    for row in result['gates'].values():
+        assert row['top1'] and len(row['top1']) == len(result['seeds'])

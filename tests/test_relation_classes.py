@@ -141,3 +141,17 @@ def test_bad_parameters_are_named(tmp_path, kwargs, message):
 def test_check_labels_refuses_a_folder_without_a_relation_set(tmp_path):
     with pytest.raises(ValueError, match='no relation set'):
         check_labels(str(tmp_path))
+
+
+def test_make_demo_data_writes_and_keeps_the_relation_set(tmp_path, capsys):
+    from conftest import load_tool
+    tool = load_tool('make_demo_data')
+    argv = ['--sets', 'rel', '--out', str(tmp_path), '--rel-train', '8',
+            '--rel-val', '4', '--rel-size', '40']
+    assert tool.main(argv) == 0
+    assert 'relations:' in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path / 'demo_rel' / 'train')) == \
+        list(CLASSES)
+    assert check_labels(str(tmp_path / 'demo_rel')) == []
+    assert tool.main(argv) == 0
+    assert 'kept the existing set' in capsys.readouterr().out
