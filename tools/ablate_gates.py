@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The paper's gate ablation in one command: the same small PosMLP trained
+r"""The paper's gate ablation in one command: the same small PosMLP trained
 with each gate (GQPE, LRPE, SGU), several seeds, one recipe for all.
 
     python tools/ablate_gates.py --out work_dirs/ablation
