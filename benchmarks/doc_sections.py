@@ -43,8 +43,8 @@ def update_sections(text: str, sections: Dict[str, str], source: str,
                 f'between a line starting "<!-- generated: {name}" and a line '
                 f'"{end_marker(name)}"); add the two marker lines where the '
                 f'section goes')
-        block = (begin_marker(name, source, tool) + '\n' + body.strip('\n') + '\n'
-                 + end_marker(name))
+        block = (begin_marker(name, source, tool) + '\n'
+                 + body.strip('\n') + '\n' + end_marker(name))
         text = pattern.sub(lambda _: block, text)
     return text
 

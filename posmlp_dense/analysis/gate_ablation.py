@@ -112,8 +112,8 @@ def train_one(settings: AblationSettings, gate: str, seed: int,
     start = time.perf_counter()
     result = pretrain(RunSettings(
         data=settings.data, output=output, arch_kwargs=arch_kwargs,
-        device=settings.device, log_interval=10 ** 9, eval_interval=settings.epochs,
-        workers=recipe.workers), recipe)
+        device=settings.device, log_interval=10 ** 9,
+        eval_interval=settings.epochs, workers=recipe.workers), recipe)
     seconds = time.perf_counter() - start
     model = build_classifier('custom', len(result['classes']),
                              recipe.drop_rate, recipe.drop_path_rate,
