@@ -16,8 +16,9 @@ import re
 from typing import Dict
 
 
-def begin_marker(name: str, source: str) -> str:
-    return (f'<!-- generated: {name} by tools/benchmark.py --update-doc '
+def begin_marker(name: str, source: str,
+                 tool: str = 'tools/benchmark.py') -> str:
+    return (f'<!-- generated: {name} by {tool} --update-doc '
             f'from {source}; not to be edited by hand -->')
 
 
@@ -25,7 +26,8 @@ def end_marker(name: str) -> str:
     return f'<!-- end generated: {name} -->'
 
 
-def update_sections(text: str, sections: Dict[str, str], source: str) -> str:
+def update_sections(text: str, sections: Dict[str, str], source: str,
+                    tool: str = 'tools/benchmark.py') -> str:
     """``text`` with each named section's body replaced by ``sections[name]``.
     Raises ValueError naming a section whose two markers the page lacks
     (or has more than once)."""
@@ -41,16 +43,19 @@ def update_sections(text: str, sections: Dict[str, str], source: str) -> str:
                 f'between a line starting "<!-- generated: {name}" and a line '
                 f'"{end_marker(name)}"); add the two marker lines where the '
                 f'section goes')
-        block = (begin_marker(name, source) + '\n' + body.strip('\n') + '\n'
-                 + end_marker(name))
+        block = (begin_marker(name, source, tool) + '\n'
+                 + body.strip('\n') + '\n' + end_marker(name))
         text = pattern.sub(lambda _: block, text)
     return text
 
 
-def update_file(path: str, sections: Dict[str, str], source: str) -> None:
-    """``update_sections`` on the page at ``path``, written atomically."""
+def update_file(path: str, sections: Dict[str, str], source: str,
+                tool: str = 'tools/benchmark.py') -> None:
+    """``update_sections`` on the page at ``path``, written atomically;
+    ``tool``: the command the opening marker names as the section's
+    writer."""
     from posmlp_dense.atomic_io import atomic_write_bytes
     with open(path, encoding='utf-8') as f:
         text = f.read()
-    atomic_write_bytes(update_sections(text, sections, source).encode(),
-                       path)
+    atomic_write_bytes(
+        update_sections(text, sections, source, tool).encode(), path)

@@ -1,10 +1,12 @@
 #!/usr/bin/env python
 """Make the built-in demo datasets (COCO-format shapes + ADE20K-layout shapes,
-and, on request, a shape-classification ImageFolder tree for pretraining).
+and, on request, a shape-classification ImageFolder tree for pretraining and
+a relation-classification one for the gate ablation).
 
     python tools/make_demo_data.py      # -> data/demo_coco, data/demo_ade
     python tools/make_demo_data.py --seed 1 --det-train 256 --size 160 224
     python tools/make_demo_data.py --sets cls     # -> data/demo_cls
+    python tools/make_demo_data.py --sets rel     # -> data/demo_rel
 
 A set that is already there with the same seed and parameters is kept unless
 ``--force``; one made with other parameters is regenerated in place.
@@ -16,7 +18,7 @@ import os.path as osp
 import sys
 import time
 
-from posmlp_dense.data import shape_classes
+from posmlp_dense.data import relation_classes, shape_classes
 from posmlp_dense.data import shapes as demo_data
 
 
@@ -40,11 +42,14 @@ def parse_args(argv=None):
     parser.add_argument('--size', type=int, nargs=2, default=None,
                         metavar=('H', 'W'),
                         help='image height and width (default: 192 256)')
-    parser.add_argument('--sets', nargs='+', choices=['det', 'seg', 'cls'],
+    parser.add_argument('--sets', nargs='+',
+                        choices=['det', 'seg', 'cls', 'rel'],
                         default=['det', 'seg'],
                         help='which sets: det (demo_coco), seg (demo_ade), '
                         'cls (demo_cls, classification for '
-                        'tools/pretrain.py); default: det seg')
+                        'tools/pretrain.py), rel (demo_rel, where a '
+                        'triangle sits relative to a circle, for '
+                        'tools/ablate_gates.py); default: det seg')
     parser.add_argument('--cls-train', type=int, default=900,
                         help='classification training images (default: 900)')
     parser.add_argument('--cls-val', type=int, default=150,
@@ -54,6 +59,14 @@ def parse_args(argv=None):
                         default=shape_classes.DEFAULT_IMAGE_SIZE,
                         help='classification image side (default: '
                         f'{shape_classes.DEFAULT_IMAGE_SIZE})')
+    parser.add_argument('--rel-train', type=int, default=1600,
+                        help='relation training images (default: 1600)')
+    parser.add_argument('--rel-val', type=int, default=400,
+                        help='relation validation images (default: 400)')
+    parser.add_argument('--rel-size', type=int,
+                        default=relation_classes.DEFAULT_IMAGE_SIZE,
+                        help='relation image side (default: '
+                        f'{relation_classes.DEFAULT_IMAGE_SIZE})')
     parser.add_argument('--force', action='store_true',
                         help='regenerate even if an identical set exists')
     return parser.parse_args(argv)
@@ -92,6 +105,19 @@ def main(argv=None) -> int:
                   f'+ {cls["num_val"]} val images of {args.cls_size}x'
                   f'{args.cls_size}, classes {", ".join(cls["classes"])} '
                   f'(ImageFolder tree); {done}')
+        if 'rel' in args.sets:
+            rel = relation_classes.make_relation_set(
+                relation_classes.default_root(args.out),
+                num_train=args.rel_train, num_val=args.rel_val,
+                image_size=args.rel_size, seed=args.seed,
+                reuse_existing=not args.force)
+            done = 'kept the existing set' if rel['reused'] else \
+                f'wrote it in {rel["seconds"]:.2f} s'
+            print(f'relations: {rel["root"]}: {rel["num_train"]} train + '
+                  f'{rel["num_val"]} val images of {args.rel_size}x'
+                  f'{args.rel_size}, classes {", ".join(rel["classes"])} '
+                  f'(where the triangle is relative to the circle; '
+                  f'ImageFolder tree); {done}')
     except ValueError as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
