@@ -32,7 +32,8 @@ GPU-proxy part (``benchmarks.gpu_proxy``; ``--gpu-proxy``, or
 step per model, counted on this machine: the operations that launch work
 (on a GPU in eager mode, each at least one kernel launch), the bytes they
 write, the host syncs and the FLOPs, and the time they imply on an NVIDIA
-H200 SXM; with issue 30's targets against Swin-T. ``--update-doc
+H200 SXM, in fp32 and under bfloat16 autocast; with issue 30's targets
+against Swin-T. ``--update-doc
 docs/performance.md`` rewrites that page's generated GPU-proxy section
 from the run's JSON.
 
@@ -257,6 +258,9 @@ def parse_args(argv=None):
                          'NVIDIA H200 (benchmarks.gpu_proxy)')
     gp.add_argument('--gpu-proxy-only', action='store_true',
                     help='run only the GPU-proxy part (minutes)')
+    gp.add_argument('--gpu-proxy-fp32-only', action='store_true',
+                    help='count the steps in fp32 only, not also under '
+                         'bfloat16 autocast (half the time)')
     gp.add_argument('--gpu-proxy-models', default=','.join(PROXY_MODELS),
                     help='comma list from ' + ','.join(ALL_MODELS) +
                          ' (default %(default)s)')
@@ -612,7 +616,7 @@ def main(argv=None) -> dict:
                 m.to(device)
         report['gpu_proxy'] = run_gpu_proxy(
             models, proxy_steps, device, args.gpu_proxy_path, seed=args.seed,
-            start=start)
+            start=start, bf16=not args.gpu_proxy_fp32_only)
         del models
         gc.collect()
 
