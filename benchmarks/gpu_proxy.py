@@ -65,6 +65,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
 
 from .measure import log, make_input, make_step, set_mode
 
@@ -123,11 +124,17 @@ def _is_host_sync(func, args, kwargs, out) -> bool:
     return False
 
 
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace('torch.', '', 1)
+
+
 class OpCounter(TorchDispatchMode):
     """Counts the ATen operations run inside it: ``ops`` (those that launch
     work), ``bytes_written`` (and per dtype, ``bytes_by_dtype``),
-    ``syncs``, and the counts per operator (``by_op``; ``syncs_by_op``).
-    See the module's text for what counts."""
+    ``syncs``, the counts per operator (``by_op``; ``syncs_by_op``), and
+    the FLOPs of the operators ``FlopCounterMode`` counts, by the dtype
+    they compute in (``flops_by_dtype``: that of their first tensor
+    argument). See the module's text for what counts."""
 
     def __init__(self):
         super().__init__()
@@ -137,6 +144,7 @@ class OpCounter(TorchDispatchMode):
         self.by_op: Dict[str, int] = {}
         self.syncs_by_op: Dict[str, int] = {}
         self.bytes_by_dtype: Dict[str, int] = {}
+        self.flops_by_dtype: Dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -148,11 +156,18 @@ class OpCounter(TorchDispatchMode):
         if not tensors and not sync:
             return out  # a query of sizes or strides: no data read
         name = str(func.overloadpacket).replace('aten.', '', 1)
+        if func.overloadpacket in flop_registry:
+            operand = next(t for t in tree_leaves((args, kwargs))
+                           if isinstance(t, torch.Tensor))
+            dtype = _dtype_name(operand)
+            self.flops_by_dtype[dtype] = self.flops_by_dtype.get(dtype, 0) \
+                + flop_registry[func.overloadpacket](*args, **kwargs,
+                                                     out_val=out)
         self.ops += 1
         self.by_op[name] = self.by_op.get(name, 0) + 1
         for t in tensors:
             size = t.numel() * t.element_size()
-            dtype = str(t.dtype).replace('torch.', '', 1)
+            dtype = _dtype_name(t)
             self.bytes_written += size
             self.bytes_by_dtype[dtype] = self.bytes_by_dtype.get(dtype, 0) \
                 + size
@@ -172,45 +187,34 @@ class GpuSpec:
     peak_bf16_flops: float  # dense bfloat16 (tensor-core) rate, FLOP/s
     sources: Tuple[Tuple[str, str], ...] = ()  # (constant, where from)
 
-    def peak(self, precision: str) -> float:
-        """The arithmetic rate of a step counted in ``precision``."""
-        if precision not in PRECISIONS:
-            raise ValueError(f'unknown precision {precision!r}; choose from '
-                             f'{PRECISIONS}')
-        return self.peak_flops if precision == 'fp32' else \
-            self.peak_bf16_flops
-
 
 H200 = GpuSpec(
     name='NVIDIA H200 SXM', launch_s=5e-6, bandwidth=4.8e12,
     peak_flops=67e12, peak_bf16_flops=989e12,
     sources=(
-        ('launch_s', "5 us per operation: the host's share of an eager "
-         "PyTorch operation on a CUDA device (Python, the dispatcher, "
-         "the caching allocator and cudaLaunchKernel, a few microseconds "
-         "each), the figure of this project's issue 30; an assumption, "
-         "not a measurement on this GPU"),
-        ('bandwidth', '4.8 TB/s: HBM3e memory bandwidth of the H200 SXM, '
-         "NVIDIA's H200 product page and datasheet"),
-        ('peak_flops', '67 TFLOP/s: FP32 (not tensor-core) rate of the '
-         "H200 SXM, NVIDIA's H200 product page and datasheet; the fp32 "
-         "steps run in fp32 and torch's default fp32 matmul precision does "
-         'not use TF32'),
-        ('peak_bf16_flops', '989 TFLOP/s: BF16 tensor-core rate of the '
-         "H200 SXM without sparsity, half the 1,979 TFLOP/s NVIDIA's H200 "
-         'datasheet gives with 2:4 structured sparsity (which these models '
-         'do not use); the rate of the bf16 steps, whose matmuls and '
-         'convolutions (all the FLOPs counted) autocast runs in bfloat16'),
+        ('launch_s', "the host's share of one eager PyTorch operation on a "
+         'CUDA device (Python, the dispatcher, the caching allocator, '
+         "cudaLaunchKernel), issue 30's figure; an assumption, not "
+         'measured on this GPU'),
+        ('bandwidth', "HBM3e bandwidth of the H200 SXM, NVIDIA's H200 "
+         'datasheet'),
+        ('peak_flops', "FP32 (not tensor-core) rate of the H200 SXM, "
+         "NVIDIA's H200 datasheet; torch's default fp32 matmuls do not use "
+         'TF32'),
+        ('peak_bf16_flops', 'BF16 tensor-core rate of the H200 SXM without '
+         "sparsity, half the 1,979 TFLOP/s NVIDIA's H200 datasheet gives "
+         'with 2:4 sparsity; the rate of the FLOPs that run in bfloat16 '
+         '(the rest at the FP32 rate)'),
     ))
 
 
 def estimate(ops: int, bytes_written: int, flops: float,
-             spec: GpuSpec = H200, precision: str = 'fp32') -> dict:
-    """Estimated seconds of one step in ``precision`` on ``spec``'s GPU.
+             spec: GpuSpec = H200, bf16_flops: float = 0.0) -> dict:
+    """Estimated seconds of one step on ``spec``'s GPU.
 
     launch = ops x launch_s: the host issues the operations one by one;
-    memory = bytes written / bandwidth; compute = FLOPs / the precision's
-    peak rate (``GpuSpec.peak``).
+    memory = bytes written / bandwidth; compute = the ``bf16_flops`` of
+    the ``flops`` at peak_bf16_flops, the rest at peak_flops.
     The device works through memory-bound and compute-bound kernels one
     after another, so its time is memory + compute; the host launches
     ahead of the device asynchronously, so the step takes the longer of
@@ -219,7 +223,11 @@ def estimate(ops: int, bytes_written: int, flops: float,
     bound of the traffic's time.)"""
     launch = ops * spec.launch_s
     memory = bytes_written / spec.bandwidth
-    compute = flops / spec.peak(precision)
+    if not 0 <= bf16_flops <= flops:
+        raise ValueError(f'bf16_flops {bf16_flops} is not part of the '
+                         f'{flops} FLOPs')
+    compute = (flops - bf16_flops) / spec.peak_flops \
+        + bf16_flops / spec.peak_bf16_flops
     device = memory + compute
     return dict(launch_s=launch, memory_s=memory, compute_s=compute,
                 estimate_s=max(launch, device),
@@ -238,7 +246,8 @@ def count_call(step, x) -> dict:
                 syncs=ops.syncs, flops=flops.get_total_flops(),
                 by_op=dict(sorted(ops.by_op.items(), key=lambda kv: -kv[1])),
                 syncs_by_op=ops.syncs_by_op,
-                bytes_by_dtype=dict(sorted(ops.bytes_by_dtype.items())))
+                bytes_by_dtype=dict(sorted(ops.bytes_by_dtype.items())),
+                flops_by_dtype=dict(sorted(ops.flops_by_dtype.items())))
 
 
 @contextlib.contextmanager
@@ -385,7 +394,7 @@ def counted_row(model: nn.Module, name: str, mode: str,
         counts = count_step(model, mode, shape, where, seed, precision)
     row = dict(counted_on=where, **counts)
     row.update(estimate(row['ops'], row['bytes_written'], row['flops'],
-                        spec, precision))
+                        spec, row['flops_by_dtype'].get('bfloat16', 0)))
     log(f'gpu proxy {step_name(mode, shape):<22s} {name:<10s} {precision} '
         f'{row["ops"]:6d} ops  {row["bytes_written"] / 1e9:7.3f} GB '
         f'written  {row["syncs"]} syncs  {row["flops"] / 1e9:8.1f} GFLOP  '

@@ -372,17 +372,14 @@ GPU_PROXY_TEXT = (
     "- Operations: the ATen operations of one step that launch work, as a "
     "`TorchDispatchMode` sees them (on a GPU in eager mode each is at least "
     "one kernel launch); views and other metadata-only operations (`view`, "
-    "`reshape` as a view, `permute`, `transpose`, `expand`, `as_strided`, "
-    "`slice`, `select`, `t`, `unsqueeze`, `squeeze`, `split`/`chunk`, "
-    "`detach`, `alias`, `_unsafe_view`) and allocations without a fill "
-    "(`empty` and its variants) are not counted; fills (`zeros`, `fill_`) "
-    "and copies are.",
-    "- Bytes written: the sizes of those operations' tensor outputs, the "
-    "targets of in-place and `out=` operations included.",
-    "- Host syncs: operations that make the host wait for a value from the "
-    "device (`_local_scalar_dense` behind `.item()`, `is_nonzero`, "
-    "`equal`, `allclose`, `nonzero`, `masked_select`, `unique`, boolean-mask "
-    "indexing, copies to the host).",
+    "`permute`, `expand`, `as_strided`, `slice`, `detach`, ...) and "
+    "allocations without a fill (`empty`) are not counted; fills and "
+    "copies are.",
+    "- Bytes written: the sizes of those operations' tensor outputs, "
+    "in-place and `out=` targets included.",
+    "- Host syncs: operations that make the host wait for a device value "
+    "(`.item()`, `nonzero`, `unique`, boolean-mask indexing, copies to the "
+    "host, ...).",
     "- FLOPs: torch's `FlopCounterMode` (matmuls and convolutions, forward "
     "and backward; elementwise work not counted).",
     "- Steps: inference = eval mode, forward without autograd; train = "
@@ -392,16 +389,14 @@ GPU_PROXY_TEXT = (
     "x W.")
 # ... and for rows counted under autocast too:
 BF16_TEXT = (
-    "- Precision: fp32 throughout, and bf16: the forward under "
-    "`torch.autocast` with bfloat16, the loss and the backward outside it "
-    "(the backward runs each operation in its forward's dtype). Autocast "
-    "follows the policy of the device type a step is counted on: on CUDA "
-    "matmuls and convolutions run in bfloat16 while `layer_norm`, "
-    "`softmax`, `sum`, `exp`, `pow`, `rsqrt` and other reductions run in "
-    "fp32 (fp32 outputs, cast back by the next matmul); on the CPU the "
-    "same matmuls and convolutions run in bfloat16 and none of those is "
-    "kept in fp32, so a count on CPU tensors has fewer casts and fewer "
-    "fp32 bytes than a CUDA step.")
+    "- bf16: the forward under `torch.autocast(bfloat16)`, the loss and "
+    "the backward outside it (each backward operation runs in its "
+    "forward's dtype). Autocast's policy is the device type's: on CUDA "
+    "matmuls and convolutions run in bfloat16, `layer_norm`, `softmax`, "
+    "`sum`, `exp`, `pow`, `rsqrt` and other reductions in fp32 (cast back "
+    "by the next matmul); on the CPU the same matmuls and convolutions run "
+    "in bfloat16 and none of those in fp32. Rows counted on CPU tensors "
+    "follow the CPU's policy: fewer casts and fp32 bytes than on CUDA.")
 
 # What the rows' ``counted_on`` (benchmarks.gpu_proxy.PLACES) says.
 COUNTED_ON = {'cuda': 'CUDA tensors', 'fake-cuda': 'fake CUDA tensors',
@@ -411,10 +406,9 @@ AUTOCAST_POLICY = {'cuda': 'CUDA', 'fake-cuda': 'CUDA', 'cpu': 'CPU'}
 PATH_TEXT = {
     'cuda': "- Counted on the models' CUDA code path. Without a GPU, "
             "inference steps run on fake CUDA tensors (FakeTensorMode: "
-            "shapes without data), and training steps on the CPU, since "
-            "autograd needs a GPU for a backward on CUDA tensors; "
-            "PosMLP-T's CPU training path differs from its CUDA path by "
-            "one copy (its stem's channels-last input).",
+            "shapes without data), training steps on the CPU (autograd "
+            "needs a GPU for a backward on CUDA tensors), where PosMLP-T "
+            "differs by one copy (its stem's channels-last input).",
     'cpu': "- Counted on the models' CPU code path, real CPU tensors "
            "throughout (`--gpu-proxy-path cpu`).",
 }
@@ -428,19 +422,28 @@ def _ms(seconds) -> str:
     return fmt(None if seconds is None else seconds * 1e3, '.2f')
 
 
+def _percent(counts: dict) -> str:
+    """The share of a row's FLOPs that ran in bfloat16."""
+    low = (counts.get('flops_by_dtype') or {}).get('bfloat16')
+    return '-' if low is None or not counts['flops'] else \
+        f"{100 * low / counts['flops']:.1f} %"
+
+
 def bf16_rows_markdown(rows) -> List[str]:
     """The bf16 table of the GPU-proxy section: a row per (step, model)
-    that has bf16 counts, with the bytes autocast left in fp32."""
+    that has bf16 counts, with the bytes autocast left in fp32 and the
+    share of the FLOPs it ran in bfloat16."""
     from .gpu_proxy import step_name
     rows = [r for r in rows if r.get('bf16')]
     if not rows:
         return []
     lines = ['', 'bf16 (autocast), the same steps:', '',
              '| step | model | operations | bytes written (GB) | of them '
-             'fp32 (GB) | launch (ms) | memory (ms) | compute (ms) | '
-             'estimate (ms) | bound | counted on (autocast policy) |',
+             'fp32 (GB) | FLOPs in bf16 | launch (ms) | memory (ms) | '
+             'compute (ms) | estimate (ms) | bound | counted on (autocast '
+             'policy) |',
              '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: '
-             '| --- | --- |']
+             '| ---: | --- | --- |']
     for r in rows:
         b = r['bf16']
         where = b.get('counted_on')
@@ -449,6 +452,7 @@ def bf16_rows_markdown(rows) -> List[str]:
             f"{LABELS.get(r['model'], r['model'])} | {b['ops']:,} | "
             f"{_gb(b['bytes_written'])} | "
             f"{_gb((b.get('bytes_by_dtype') or {}).get('float32'))} | "
+            f"{_percent(b)} | "
             f"{_ms(b['launch_s'])} | {_ms(b['memory_s'])} | "
             f"{_ms(b['compute_s'])} | {_ms(b['estimate_s'])} | "
             f"{b['bound']} | {COUNTED_ON.get(where, '-')} "
@@ -489,12 +493,9 @@ def gpu_proxy_markdown(report: dict, heading: str = '###') -> List[str]:
         f"- Estimate on the {gpu['name']}: launch = operations x launch "
         f"cost; memory = bytes written / bandwidth; compute = FLOPs / "
         f"the precision's peak rate; estimate = max(launch, memory + "
-        f"compute): the device "
-        f"runs memory-bound and compute-bound kernels one after another "
-        f"(their times add), while the host launches asynchronously ahead "
-        f"of it (the step takes the longer of the two). Reads are not "
-        f"counted, so memory is a lower bound of the traffic's time. "
-        f"\"bound\" names the longer side.", '',
+        f"compute): the device's kernels run one after another, the host "
+        f"launches ahead of them. Reads are not counted: memory is a lower "
+        f"bound. \"bound\" names the longer side.", '',
         '| constant | value | source |', '| --- | ---: | --- |',
         f"| launch cost per operation | {gpu['launch_s'] * 1e6:g} us | "
         f"{sources.get('launch_s', '-')} |",

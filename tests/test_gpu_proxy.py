@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from benchmarks.doc_sections import end_marker, update_sections
-from benchmarks.gpu_proxy import (H200, NeedsData, OpCounter,
+from benchmarks.gpu_proxy import (H200, PRECISIONS, NeedsData, OpCounter,
                                   autocast_enabled, count_call, count_step,
                                   counting_place, estimate, run_gpu_proxy)
 from benchmarks.report import gpu_proxy_markdown, gpu_proxy_targets, verdict
@@ -201,15 +201,15 @@ def test_the_estimate_takes_the_longer_of_launching_and_the_devices_work():
     assert e['estimate_s'] == pytest.approx(2.0) and e['bound'] == 'device'
 
 
-def test_the_bf16_estimate_takes_the_bf16_rate():
-    fp32 = estimate(10, 4.8e9, 67e12, H200)
-    bf16 = estimate(10, 4.8e9, 67e12, H200, 'bf16')
-    assert fp32['compute_s'] == pytest.approx(1.0)
-    assert bf16['compute_s'] == pytest.approx(67 / 989)
+def test_the_bf16_flops_take_the_bf16_rate():
+    fp32 = estimate(10, 4.8e9, 67e12 + 989e12, H200)
+    bf16 = estimate(10, 4.8e9, 67e12 + 989e12, H200, bf16_flops=989e12)
+    assert fp32['compute_s'] == pytest.approx(1 + 989 / 67)
+    assert bf16['compute_s'] == pytest.approx(2.0)  # 1 s at each rate
     assert bf16['memory_s'] == fp32['memory_s'] == pytest.approx(1e-3)
     assert bf16['launch_s'] == fp32['launch_s']
-    with pytest.raises(ValueError, match='unknown precision'):
-        estimate(10, 1, 1, H200, 'fp16')
+    with pytest.raises(ValueError, match='is not part of'):
+        estimate(10, 1, 1e9, H200, bf16_flops=2e9)
 
 
 def layer_normed_linear() -> nn.Module:
@@ -230,6 +230,8 @@ def test_bf16_counts_the_casts_and_the_lower_bytes():
     assert set(fp32['bytes_by_dtype']) == {'float32'}
     assert bf16['bytes_by_dtype']['bfloat16'] > 0
     assert bf16['flops'] == fp32['flops']
+    assert fp32['flops_by_dtype'] == {'float32': fp32['flops']}
+    assert bf16['flops_by_dtype'] == {'bfloat16': bf16['flops']}
     assert bf16['ops'] == fp32['ops'] + bf16['by_op']['_to_copy']
     train = count_step(model, 'train', shape, 'cpu', precision='bf16')
     assert train['flops'] == count_step(model, 'train', shape)['flops']
@@ -237,6 +239,17 @@ def test_bf16_counts_the_casts_and_the_lower_bytes():
     assert not torch.is_autocast_enabled('cpu')
     with pytest.raises(ValueError, match='unknown precision'):
         count_step(model, 'inference', shape, 'cpu', precision='fp16')
+
+
+def test_the_flops_by_dtype_add_up_to_the_flop_counters():
+    """OpCounter's FLOPs per dtype are FlopCounterMode's, split: under
+    autocast PosMLP computes its mixing weights in fp32 (their softmax
+    needs the range), its convolutions and projections in bfloat16."""
+    model = PosMLP(TINY_ARCH, out_indices=(0, 1, 2, 3))
+    for precision in PRECISIONS:
+        counts = count_step(model, 'train', (1, 56, 56), precision=precision)
+        assert sum(counts['flops_by_dtype'].values()) == counts['flops']
+    assert set(counts['flops_by_dtype']) == {'bfloat16', 'float32'}
 
 
 def test_bf16_on_fake_cuda_follows_the_cuda_policy_without_a_gpu():
@@ -326,7 +339,10 @@ def with_bf16(r, ops, nbytes, fp32_bytes):
                      flops=r['flops'], counted_on='fake-cuda',
                      bytes_by_dtype={'bfloat16': nbytes - fp32_bytes,
                                      'float32': fp32_bytes},
-                     **estimate(ops, nbytes, r['flops'], H200, 'bf16'))
+                     flops_by_dtype={'bfloat16': 0.75 * r['flops'],
+                                     'float32': 0.25 * r['flops']},
+                     **estimate(ops, nbytes, r['flops'], H200,
+                                0.75 * r['flops']))
     return r
 
 
@@ -350,7 +366,7 @@ def test_the_bf16_column_next_to_fp32():
     text = '\n'.join(gpu_proxy_markdown(report))
     assert '| peak arithmetic rate, bf16 | 989 TFLOP/s |' in text
     assert ('| inference 2x3x512x512 | PosMLP-T | 120 | 1.500 | 0.500 | '
-            '0.60 | 0.31 |') in text
+            '75.0 % | 0.60 | 0.31 |') in text
     assert 'fake CUDA tensors (CUDA) |' in text
     assert '| 1.00 | 2.00 | 1.00 |' in text and '| 0.80 | 1.50 |' in text
     for r in rows:
