@@ -491,10 +491,10 @@ def gpu_proxy_markdown(report: dict, heading: str = '###') -> List[str]:
         *([BF16_TEXT] if any(r.get('bf16') for r in rows) else []),
         PATH_TEXT[proxy.get('path', 'cpu')],
         f"- Estimate on the {gpu['name']}: launch = operations x launch "
-        f"cost; memory = bytes written / bandwidth; compute = FLOPs / "
-        f"the precision's peak rate; estimate = max(launch, memory + "
-        f"compute): the device's kernels run one after another, the host "
-        f"launches ahead of them. Reads are not counted: memory is a lower "
+        f"cost; memory = bytes written / bandwidth; compute = the FLOPs "
+        f"run in bfloat16 / the bf16 rate + the rest / the fp32 rate; "
+        f"estimate = max(launch, memory + compute): the device's kernels "
+        f"run one after another, the host launches ahead of them. Reads are not counted: memory is a lower "
         f"bound. \"bound\" names the longer side.", '',
         '| constant | value | source |', '| --- | ---: | --- |',
         f"| launch cost per operation | {gpu['launch_s'] * 1e6:g} us | "
