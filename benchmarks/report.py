@@ -460,6 +460,18 @@ def bf16_rows_markdown(rows) -> List[str]:
     return lines
 
 
+def commit_text(env: dict) -> str:
+    """The run's commit, and how many files it had changed beyond it."""
+    commit = (env.get('git_commit') or '?')[:7]
+    dirty = env.get('git_dirty_files') or []
+    if not dirty:
+        return commit
+    in_model = [f for f in dirty if f.startswith('posmlp_dense/')]
+    return (f"{commit} (uncommitted changes to {len(dirty)} files, "
+            + (f"{len(in_model)} of them" if in_model else 'none')
+            + ' in posmlp_dense/)')
+
+
 def gpu_proxy_markdown(report: dict, heading: str = '###') -> List[str]:
     """The GPU-proxy section: what is counted, the estimate's constants
     and their sources, a row per (step, model) in fp32 and another in
@@ -471,22 +483,13 @@ def gpu_proxy_markdown(report: dict, heading: str = '###') -> List[str]:
         return []
     gpu, rows = proxy['gpu'], proxy['rows']
     env = report.get('environment', {})
-    commit = (env.get('git_commit') or '?')[:7]
-    dirty = env.get('git_dirty_files') or []
-    if dirty:
-        in_model = [f for f in dirty if f.startswith('posmlp_dense/')]
-        dirty = (f" (uncommitted changes to {len(dirty)} files, "
-                 + (f"{len(in_model)} of them" if in_model else 'none')
-                 + ' in posmlp_dense/)')
-    else:
-        dirty = ''
     sources = dict(gpu.get('sources') or ())
     lines = [
         '', f'{heading} GPU proxy: operations, bytes and host syncs per '
         'step', '',
         f"Device-independent figures of one step, counted with torch "
         f"{env.get('torch', '?')} at "
-        f"commit {commit}{dirty}, and the time they imply on an "
+        f"commit {commit_text(env)}, and the time they imply on an "
         f"{gpu['name']}.", '', *GPU_PROXY_TEXT,
         *([BF16_TEXT] if any(r.get('bf16') for r in rows) else []),
         PATH_TEXT[proxy.get('path', 'cpu')],

@@ -495,9 +495,13 @@ def test_update_doc_is_checked_before_the_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(['--gpu-proxy-only', '--update-doc', str(page)])
     assert "sections 'gpu-proxy'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # nothing would write the section
-        bench.parse_args(['--update-doc', DOC])
-    assert 'add --gpu-proxy' in capsys.readouterr().err
+    page.write_text('<!-- generated: gpu-proxy -->\n'
+                    '<!-- end generated: gpu-proxy -->\n')
+    assert bench.parse_args(['--gpu-proxy-only', '--update-doc', str(page),
+                             '--out', str(tmp_path)]).update_doc == str(page)
+    with pytest.raises(SystemExit):  # a timed run writes the CPU table
+        bench.parse_args(['--training-only', '--update-doc', str(page)])
+    assert "sections 'cpu-vs-swin'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
