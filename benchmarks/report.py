@@ -497,8 +497,9 @@ def gpu_proxy_markdown(report: dict, heading: str = '###') -> List[str]:
         f"cost; memory = bytes written / bandwidth; compute = the FLOPs "
         f"run in bfloat16 / the bf16 rate + the rest / the fp32 rate; "
         f"estimate = max(launch, memory + compute): the device's kernels "
-        f"run one after another, the host launches ahead of them. Reads are not counted: memory is a lower "
-        f"bound. \"bound\" names the longer side.", '',
+        f"run one after another, the host launches ahead of them. Reads "
+        f"are not counted: memory is a lower bound. \"bound\" names the "
+        f"longer side.", '',
         '| constant | value | source |', '| --- | ---: | --- |',
         f"| launch cost per operation | {gpu['launch_s'] * 1e6:g} us | "
         f"{sources.get('launch_s', '-')} |",
