@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from .measure import fmt, size_name
-from .report import allocator_line, busy_warning, commit_text, find
+from .report import busy_warning, commit_text, find
 
 
 def _seconds(value: Optional[float]) -> str:
@@ -49,9 +49,10 @@ def like_for_like_markdown(report: dict, heading: str = '###') -> List[str]:
         f"end. Ratios PosMLP-T / Swin-T, below 1 is better: from the "
         f"medians (from the fastest runs; paired: the median of the rounds' "
         f"ratios, and their range)."]
-    allocator = allocator_line(env)
-    if allocator:
-        lines += ['', allocator[2:]]
+    settings = env.get('allocator')
+    if settings:  # the runs compare only with runs under the same ones
+        lines[-1] += ' Allocator settings: ' + ', '.join(
+            f'`{k}={v}`' for k, v in sorted(settings.items())) + '.'
     warning = busy_warning(report)
     if warning:
         lines += ['', warning]

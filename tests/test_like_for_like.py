@@ -2,8 +2,13 @@
 against Swin-T, written from a benchmark run's JSON."""
 from __future__ import annotations
 
+import json
+import os
+import re
+
 import pytest
 
+from benchmarks.doc_sections import end_marker
 from benchmarks.like_for_like import like_for_like_markdown
 from benchmarks.report import target_lines
 
@@ -68,3 +73,22 @@ def test_times_below_a_second_in_milliseconds(seconds, text):
         inference_row('posmlp_t', [seconds] * 3, None),
         inference_row('swin_t', [seconds] * 3, None)], training=[]))
     assert f'| inference 1x3x800x1333 | {text} | {text} |' in '\n'.join(lines)
+
+
+def test_the_docs_section_is_the_one_generated_from_its_json():
+    """docs/performance.md's CPU table is written from the JSON it names
+    (tools/benchmark.py --from-json ... --update-doc), not by hand."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, 'docs', 'performance',
+                           'cpu_vs_swin.json')) as f:
+        report = json.load(f)
+    report['targets'] = target_lines(report)
+    with open(os.path.join(root, 'docs', 'performance.md'),
+              encoding='utf-8') as f:
+        page = f.read()
+    match = re.search(r'^<!-- generated: cpu-vs-swin\b[^\n]*-->\n(.*?)^'
+                      + re.escape(end_marker('cpu-vs-swin')), page,
+                      re.MULTILINE | re.DOTALL)
+    assert match, 'docs/performance.md has no generated cpu-vs-swin section'
+    body = '\n'.join(like_for_like_markdown(report, heading='##'))
+    assert match.group(1).strip('\n') == body.strip('\n')
