@@ -8,7 +8,7 @@ A generated section sits between two marker lines::
 
 ``update_sections`` replaces what lies between them (the markers stay, the
 opening one rewritten to name the JSON it came from); the rest of the page,
-the hand-written record of past runs, is left as it is.
+written by hand, is left as it is.
 """
 from __future__ import annotations
 

@@ -38,18 +38,34 @@ depends on the data (``nonzero``, ``masked_select``, ``unique``,
 ``repeat_interleave`` without ``output_size``, indexing with a boolean
 mask), and copies from a device to the host (seen only when counting on
 that device). A sync is also counted as an operation.
+
+Precision: each step is counted twice, in fp32 and under
+``torch.autocast`` with bfloat16 (``PRECISIONS``; the forward inside
+autocast, the loss and the backward outside it, as mixed-precision
+training runs). Autocast's policy depends on the device type: on CUDA it
+keeps ``layer_norm``, ``softmax``, ``sum``, ``exp``, ``pow``, ``rsqrt``
+and other reductions and transcendental functions in fp32 (their outputs
+fp32, so the next matmul casts them back), on the CPU it lowers the same
+matmuls and convolutions but keeps none of these in fp32. The counts
+follow the policy of the device type where a step is counted
+(``counting_place``): CUDA's for steps on real or fake CUDA tensors
+(``autocast_enabled`` switches CUDA autocast on without a GPU, which
+``torch.autocast`` refuses to do), the CPU's for steps counted on CPU
+tensors.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import warnings
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
 
 from .measure import log, make_input, make_step, set_mode
 
@@ -79,6 +95,9 @@ STEPS = (('inference', (1, 800, 1333)), ('inference', (2, 512, 512)),
          ('train', (2, 512, 512)), ('train', (2, 800, 1333)))
 STEP_MODES = {'inference': 'fwd', 'train': 'fwdbwd'}
 MODELS = ('posmlp_t', 'swin_t', 'resnet50')
+# The arithmetic a step is counted in: fp32 throughout, or the forward
+# under autocast with bfloat16 (see the module's text).
+PRECISIONS = ('fp32', 'bf16')
 
 
 def _is_metadata_only(func) -> bool:
@@ -105,10 +124,17 @@ def _is_host_sync(func, args, kwargs, out) -> bool:
     return False
 
 
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace('torch.', '', 1)
+
+
 class OpCounter(TorchDispatchMode):
     """Counts the ATen operations run inside it: ``ops`` (those that launch
-    work), ``bytes_written``, ``syncs``, and the counts per operator
-    (``by_op``; ``syncs_by_op``). See the module's text for what counts."""
+    work), ``bytes_written`` (and per dtype, ``bytes_by_dtype``),
+    ``syncs``, the counts per operator (``by_op``; ``syncs_by_op``), and
+    the FLOPs of the operators ``FlopCounterMode`` counts, by the dtype
+    they compute in (``flops_by_dtype``: that of their first tensor
+    argument). See the module's text for what counts."""
 
     def __init__(self):
         super().__init__()
@@ -117,6 +143,8 @@ class OpCounter(TorchDispatchMode):
         self.syncs = 0
         self.by_op: Dict[str, int] = {}
         self.syncs_by_op: Dict[str, int] = {}
+        self.bytes_by_dtype: Dict[str, int] = {}
+        self.flops_by_dtype: Dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -128,10 +156,21 @@ class OpCounter(TorchDispatchMode):
         if not tensors and not sync:
             return out  # a query of sizes or strides: no data read
         name = str(func.overloadpacket).replace('aten.', '', 1)
+        if func.overloadpacket in flop_registry:
+            operand = next(t for t in tree_leaves((args, kwargs))
+                           if isinstance(t, torch.Tensor))
+            dtype = _dtype_name(operand)
+            self.flops_by_dtype[dtype] = self.flops_by_dtype.get(dtype, 0) \
+                + flop_registry[func.overloadpacket](*args, **kwargs,
+                                                     out_val=out)
         self.ops += 1
         self.by_op[name] = self.by_op.get(name, 0) + 1
-        self.bytes_written += sum(t.numel() * t.element_size()
-                                  for t in tensors)
+        for t in tensors:
+            size = t.numel() * t.element_size()
+            dtype = _dtype_name(t)
+            self.bytes_written += size
+            self.bytes_by_dtype[dtype] = self.bytes_by_dtype.get(dtype, 0) \
+                + size
         if sync:
             self.syncs += 1
             self.syncs_by_op[name] = self.syncs_by_op.get(name, 0) + 1
@@ -144,35 +183,38 @@ class GpuSpec:
     name: str
     launch_s: float      # host time per operation in eager mode, seconds
     bandwidth: float     # memory bandwidth, bytes per second
-    peak_flops: float    # arithmetic rate, FLOP per second
+    peak_flops: float    # fp32 arithmetic rate, FLOP per second
+    peak_bf16_flops: float  # dense bfloat16 (tensor-core) rate, FLOP/s
     sources: Tuple[Tuple[str, str], ...] = ()  # (constant, where from)
 
 
 H200 = GpuSpec(
     name='NVIDIA H200 SXM', launch_s=5e-6, bandwidth=4.8e12,
-    peak_flops=67e12,
+    peak_flops=67e12, peak_bf16_flops=989e12,
     sources=(
-        ('launch_s', "5 us per operation: the host's share of an eager "
-         "PyTorch operation on a CUDA device (Python, the dispatcher, "
-         "the caching allocator and cudaLaunchKernel, a few microseconds "
-         "each), the figure of this project's issue 30; an assumption, "
-         "not a measurement on this GPU"),
-        ('bandwidth', '4.8 TB/s: HBM3e memory bandwidth of the H200 SXM, '
-         "NVIDIA's H200 product page and datasheet"),
-        ('peak_flops', '67 TFLOP/s: FP32 (not tensor-core) rate of the '
-         "H200 SXM, NVIDIA's H200 product page and datasheet; the steps "
-         "run in fp32 and torch's default fp32 matmul precision does not "
-         'use TF32 (989 TFLOP/s dense BF16 would make the compute part '
-         '15x smaller)'),
+        ('launch_s', "the host's share of one eager PyTorch operation on a "
+         'CUDA device (Python, the dispatcher, the caching allocator, '
+         "cudaLaunchKernel), issue 30's figure; an assumption, not "
+         'measured on this GPU'),
+        ('bandwidth', "HBM3e bandwidth of the H200 SXM, NVIDIA's H200 "
+         'datasheet'),
+        ('peak_flops', "FP32 (not tensor-core) rate of the H200 SXM, "
+         "NVIDIA's H200 datasheet; torch's default fp32 matmuls do not use "
+         'TF32'),
+        ('peak_bf16_flops', 'BF16 tensor-core rate of the H200 SXM without '
+         "sparsity, half the 1,979 TFLOP/s NVIDIA's H200 datasheet gives "
+         'with 2:4 sparsity; the rate of the FLOPs that run in bfloat16 '
+         '(the rest at the FP32 rate)'),
     ))
 
 
 def estimate(ops: int, bytes_written: int, flops: float,
-             spec: GpuSpec = H200) -> dict:
+             spec: GpuSpec = H200, bf16_flops: float = 0.0) -> dict:
     """Estimated seconds of one step on ``spec``'s GPU.
 
     launch = ops x launch_s: the host issues the operations one by one;
-    memory = bytes written / bandwidth; compute = FLOPs / peak_flops.
+    memory = bytes written / bandwidth; compute = the ``bf16_flops`` of
+    the ``flops`` at peak_bf16_flops, the rest at peak_flops.
     The device works through memory-bound and compute-bound kernels one
     after another, so its time is memory + compute; the host launches
     ahead of the device asynchronously, so the step takes the longer of
@@ -181,7 +223,11 @@ def estimate(ops: int, bytes_written: int, flops: float,
     bound of the traffic's time.)"""
     launch = ops * spec.launch_s
     memory = bytes_written / spec.bandwidth
-    compute = flops / spec.peak_flops
+    if not 0 <= bf16_flops <= flops:
+        raise ValueError(f'bf16_flops {bf16_flops} is not part of the '
+                         f'{flops} FLOPs')
+    compute = (flops - bf16_flops) / spec.peak_flops \
+        + bf16_flops / spec.peak_bf16_flops
     device = memory + compute
     return dict(launch_s=launch, memory_s=memory, compute_s=compute,
                 estimate_s=max(launch, device),
@@ -199,7 +245,45 @@ def count_call(step, x) -> dict:
     return dict(ops=ops.ops, bytes_written=ops.bytes_written,
                 syncs=ops.syncs, flops=flops.get_total_flops(),
                 by_op=dict(sorted(ops.by_op.items(), key=lambda kv: -kv[1])),
-                syncs_by_op=ops.syncs_by_op)
+                syncs_by_op=ops.syncs_by_op,
+                bytes_by_dtype=dict(sorted(ops.bytes_by_dtype.items())),
+                flops_by_dtype=dict(sorted(ops.flops_by_dtype.items())))
+
+
+@contextlib.contextmanager
+def autocast_enabled(device_type: str, dtype: torch.dtype = torch.bfloat16):
+    """Autocast to ``dtype`` for tensors of ``device_type``, switched on
+    through torch's autocast state as ``torch.autocast`` does on entry,
+    but also for 'cuda' on a machine without a GPU (fake CUDA tensors),
+    where ``torch.autocast('cuda')`` warns and stays off."""
+    enabled = torch.is_autocast_enabled(device_type)
+    previous = torch.get_autocast_dtype(device_type)
+    torch.set_autocast_enabled(device_type, True)
+    torch.set_autocast_dtype(device_type, dtype)
+    torch.autocast_increment_nesting()
+    try:
+        yield
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()  # the cast weights
+        torch.set_autocast_enabled(device_type, enabled)
+        torch.set_autocast_dtype(device_type, previous)
+
+
+def forward_in(precision: str, model: nn.Module,
+               device_type: str) -> Callable[[torch.Tensor], object]:
+    """``model``'s forward in ``precision``: the model itself for fp32,
+    for bf16 its call inside ``autocast_enabled(device_type)``."""
+    if precision not in PRECISIONS:
+        raise ValueError(f'unknown precision {precision!r}; choose from '
+                         f'{PRECISIONS}')
+    if precision == 'fp32':
+        return model
+
+    def forward(x):
+        with autocast_enabled(device_type):
+            return model(x)
+    return forward
 
 
 # Where a step is counted (``count_step``): real tensors on the CPU or on a
@@ -230,14 +314,17 @@ def counting_place(mode: str, path: str, device: torch.device) -> str:
 
 
 def count_step(model: nn.Module, mode: str, shape: Sequence[int],
-               place: str = 'cpu', seed: int = 0) -> dict:
+               place: str = 'cpu', seed: int = 0,
+               precision: str = 'fp32') -> dict:
     """Counts (``count_call``) of one step of ``model``: ``mode``
     'inference' or 'train', input ``shape`` = (batch, height, width), 3
     channels, counted at ``place`` (``PLACES``): real tensors on 'cpu' or
     'cuda' (the model must be there), or 'fake-cuda', a copy of the model
-    on fake CUDA tensors (inference only). A step before the counted one
-    fills the model's caches, and the gradients are dropped between them,
-    so the count is that of a step in a loop."""
+    on fake CUDA tensors (inference only); in ``precision`` (``PRECISIONS``;
+    bf16: the forward under the autocast policy of the place's device
+    type). A step before the counted one fills the model's caches, and the
+    gradients are dropped between them, so the count is that of a step in
+    a loop."""
     if place not in PLACES:
         raise ValueError(f'unknown place {place!r}; choose from {PLACES}')
     if place == 'fake-cuda' and mode != 'inference':
@@ -246,11 +333,14 @@ def count_step(model: nn.Module, mode: str, shape: Sequence[int],
                          f'{mode} steps on real tensors')
     batch, h, w = shape
     step_mode = STEP_MODES[mode]
+    device_type = 'cpu' if place == 'cpu' else 'cuda'
+    forward_in(precision, model, device_type)  # a bad precision, now
 
     def run(net, x):
         set_mode(net, step_mode)
         try:
-            step = make_step(net, step_mode)
+            step = make_step(forward_in(precision, net, device_type),
+                             step_mode)
             step(x)
             net.zero_grad(set_to_none=True)
             return count_call(step, x)
@@ -288,36 +378,50 @@ def step_name(mode: str, shape: Sequence[int]) -> str:
     return f"{mode} {'x'.join(map(str, [shape[0], 3, *shape[1:]]))}"
 
 
+def counted_row(model: nn.Module, name: str, mode: str,
+                shape: Sequence[int], place: str, precision: str,
+                spec: GpuSpec, seed: int, start: Optional[float]) -> dict:
+    """One model's counts of one step in ``precision`` at ``place``
+    (falling back to real CPU tensors where fake ones need data), where
+    they were counted, and the estimate on ``spec``."""
+    where = place
+    try:
+        counts = count_step(model, mode, shape, where, seed, precision)
+    except NeedsData as e:
+        log(f'gpu proxy {step_name(mode, shape)} {name} {precision}: {e}; '
+            f'counting it on real CPU tensors', start)
+        where = 'cpu'
+        counts = count_step(model, mode, shape, where, seed, precision)
+    row = dict(counted_on=where, **counts)
+    row.update(estimate(row['ops'], row['bytes_written'], row['flops'],
+                        spec, row['flops_by_dtype'].get('bfloat16', 0)))
+    log(f'gpu proxy {step_name(mode, shape):<22s} {name:<10s} {precision} '
+        f'{row["ops"]:6d} ops  {row["bytes_written"] / 1e9:7.3f} GB '
+        f'written  {row["syncs"]} syncs  {row["flops"] / 1e9:8.1f} GFLOP  '
+        f'estimate {row["estimate_s"] * 1e3:7.2f} ms on {spec.name} '
+        f'({row["bound"]}-bound; counted on {where})', start)
+    return row
+
+
 def run_gpu_proxy(models: Dict[str, nn.Module],
                   steps: Sequence[Tuple[str, Sequence[int]]],
                   device: torch.device, path: str = 'cuda',
                   spec: GpuSpec = H200, seed: int = 0,
-                  start: Optional[float] = None) -> dict:
-    """A row per (step, model): the counts, where they were counted
-    (``counting_place``) and the estimate on ``spec``; with the spec
-    itself, for the report. ``models`` are on ``device``, or on the CPU
-    when the run has no GPU or ``path`` is 'cpu'."""
+                  start: Optional[float] = None, bf16: bool = True) -> dict:
+    """A row per (step, model): the fp32 counts, where they were counted
+    (``counting_place``) and the estimate on ``spec``, and with ``bf16``
+    the same under bfloat16 autocast in the row's 'bf16' entry; with the
+    spec itself, for the report. ``models`` are on ``device``, or on the
+    CPU when the run has no GPU or ``path`` is 'cpu'."""
     rows = []
     for mode, shape in steps:
         place = counting_place(mode, path, device)
         for name, model in models.items():
-            where = place
-            try:
-                counts = count_step(model, mode, shape, where, seed)
-            except NeedsData as e:
-                log(f'gpu proxy {step_name(mode, shape)} {name}: {e}; '
-                    f'counting it on real CPU tensors', start)
-                where = 'cpu'
-                counts = count_step(model, mode, shape, where, seed)
             row = dict(model=name, mode=mode, shape=list(shape), path=path,
-                       counted_on=where, **counts)
-            row.update(estimate(row['ops'], row['bytes_written'],
-                                row['flops'], spec))
+                       **counted_row(model, name, mode, shape, place, 'fp32',
+                                     spec, seed, start))
+            if bf16:
+                row['bf16'] = counted_row(model, name, mode, shape, place,
+                                          'bf16', spec, seed, start)
             rows.append(row)
-            log(f'gpu proxy {step_name(mode, shape):<22s} {name:<10s} '
-                f'{row["ops"]:6d} ops  {row["bytes_written"] / 1e9:7.3f} GB '
-                f'written  {row["syncs"]} syncs  '
-                f'{row["flops"] / 1e9:8.1f} GFLOP  estimate '
-                f'{row["estimate_s"] * 1e3:7.2f} ms on {spec.name} '
-                f'({row["bound"]}-bound; counted on {where})', start)
     return dict(gpu=dataclasses.asdict(spec), path=path, rows=rows)

@@ -153,7 +153,8 @@ def gpu_proxy_targets(rows) -> list:
     """PosMLP-T against Swin-T at every step of the GPU proxy: ratios of
     operations, bytes written, FLOPs and the estimated time (below 1 is
     better), each model's host syncs, and the verdict on issue 30's
-    targets (``missed`` names what is over)."""
+    targets (``missed`` names what is over), judged on the fp32 counts;
+    where the rows have bf16 counts, their ratios too (``*_bf16``)."""
     out = []
     for r in rows:
         if r['model'] != 'posmlp_t':
@@ -172,6 +173,15 @@ def gpu_proxy_targets(rows) -> list:
                      estimate_ratio=_ratio(r['estimate_s'],
                                            swin['estimate_s']),
                      syncs=[r['syncs'], swin['syncs']])
+        if r.get('bf16') and swin.get('bf16'):
+            # for information: issue 30's targets are judged in fp32
+            ours, theirs = r['bf16'], swin['bf16']
+            entry.update(
+                ops_ratio_bf16=_ratio(ours['ops'], theirs['ops']),
+                bytes_ratio_bf16=_ratio(ours['bytes_written'],
+                                        theirs['bytes_written']),
+                estimate_ratio_bf16=_ratio(ours['estimate_s'],
+                                           theirs['estimate_s']))
         missed = []
         if entry['ops_ratio'] is None or entry['ops_ratio'] > limit:
             missed.append(f"ops {fmt(entry['ops_ratio'], '.2f')}x")
@@ -362,35 +372,43 @@ GPU_PROXY_TEXT = (
     "- Operations: the ATen operations of one step that launch work, as a "
     "`TorchDispatchMode` sees them (on a GPU in eager mode each is at least "
     "one kernel launch); views and other metadata-only operations (`view`, "
-    "`reshape` as a view, `permute`, `transpose`, `expand`, `as_strided`, "
-    "`slice`, `select`, `t`, `unsqueeze`, `squeeze`, `split`/`chunk`, "
-    "`detach`, `alias`, `_unsafe_view`) and allocations without a fill "
-    "(`empty` and its variants) are not counted; fills (`zeros`, `fill_`) "
-    "and copies are.",
-    "- Bytes written: the sizes of those operations' tensor outputs, the "
-    "targets of in-place and `out=` operations included.",
-    "- Host syncs: operations that make the host wait for a value from the "
-    "device (`_local_scalar_dense` behind `.item()`, `is_nonzero`, "
-    "`equal`, `allclose`, `nonzero`, `masked_select`, `unique`, boolean-mask "
-    "indexing, copies to the host).",
+    "`permute`, `expand`, `as_strided`, `slice`, `detach`, ...) and "
+    "allocations without a fill (`empty`) are not counted; fills and "
+    "copies are.",
+    "- Bytes written: the sizes of those operations' tensor outputs, "
+    "in-place and `out=` targets included.",
+    "- Host syncs: operations that make the host wait for a device value "
+    "(`.item()`, `nonzero`, `unique`, boolean-mask indexing, copies to the "
+    "host, ...).",
     "- FLOPs: torch's `FlopCounterMode` (matmuls and convolutions, forward "
     "and backward; elementwise work not counted).",
     "- Steps: inference = eval mode, forward without autograd; train = "
     "train mode, forward, the sum of the first half of every level's "
     "output channels, backward (no optimizer). Each counted step follows "
-    "an uncounted one (caches filled); random weights, fp32; inputs B x 3 "
-    "x H x W.")
+    "an uncounted one (caches filled); random weights; inputs B x 3 x H "
+    "x W.")
+# ... and for rows counted under autocast too:
+BF16_TEXT = (
+    "- bf16: the forward under `torch.autocast(bfloat16)`, the loss and "
+    "the backward outside it (each backward operation runs in its "
+    "forward's dtype). Autocast's policy is the device type's: on CUDA "
+    "matmuls and convolutions run in bfloat16, `layer_norm`, `softmax`, "
+    "`sum`, `exp`, `pow`, `rsqrt` and other reductions in fp32 (cast back "
+    "by the next matmul); on the CPU the same matmuls and convolutions run "
+    "in bfloat16 and none of those in fp32. Rows counted on CPU tensors "
+    "follow the CPU's policy: fewer casts and fp32 bytes than on CUDA.")
 
 # What the rows' ``counted_on`` (benchmarks.gpu_proxy.PLACES) says.
 COUNTED_ON = {'cuda': 'CUDA tensors', 'fake-cuda': 'fake CUDA tensors',
               'cpu': 'CPU tensors'}
+# ... and whose autocast policy a bf16 row followed there.
+AUTOCAST_POLICY = {'cuda': 'CUDA', 'fake-cuda': 'CUDA', 'cpu': 'CPU'}
 PATH_TEXT = {
     'cuda': "- Counted on the models' CUDA code path. Without a GPU, "
             "inference steps run on fake CUDA tensors (FakeTensorMode: "
-            "shapes without data), and training steps on the CPU, since "
-            "autograd needs a GPU for a backward on CUDA tensors; "
-            "PosMLP-T's CPU training path differs from its CUDA path by "
-            "one copy (its stem's channels-last input).",
+            "shapes without data), training steps on the CPU (autograd "
+            "needs a GPU for a backward on CUDA tensors), where PosMLP-T "
+            "differs by one copy (its stem's channels-last input).",
     'cpu': "- Counted on the models' CPU code path, real CPU tensors "
            "throughout (`--gpu-proxy-path cpu`).",
 }
@@ -404,50 +422,97 @@ def _ms(seconds) -> str:
     return fmt(None if seconds is None else seconds * 1e3, '.2f')
 
 
+def _percent(counts: dict) -> str:
+    """The share of a row's FLOPs that ran in bfloat16."""
+    low = (counts.get('flops_by_dtype') or {}).get('bfloat16')
+    return '-' if low is None or not counts['flops'] else \
+        f"{100 * low / counts['flops']:.1f} %"
+
+
+def bf16_rows_markdown(rows) -> List[str]:
+    """The bf16 table of the GPU-proxy section: a row per (step, model)
+    that has bf16 counts, with the bytes autocast left in fp32 and the
+    share of the FLOPs it ran in bfloat16."""
+    from .gpu_proxy import step_name
+    rows = [r for r in rows if r.get('bf16')]
+    if not rows:
+        return []
+    lines = ['', 'bf16 (autocast), the same steps:', '',
+             '| step | model | operations | bytes written (GB) | of them '
+             'fp32 (GB) | FLOPs in bf16 | launch (ms) | memory (ms) | '
+             'compute (ms) | estimate (ms) | bound | counted on (autocast '
+             'policy) |',
+             '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: '
+             '| ---: | --- | --- |']
+    for r in rows:
+        b = r['bf16']
+        where = b.get('counted_on')
+        lines.append(
+            f"| {step_name(r['mode'], r['shape'])} | "
+            f"{LABELS.get(r['model'], r['model'])} | {b['ops']:,} | "
+            f"{_gb(b['bytes_written'])} | "
+            f"{_gb((b.get('bytes_by_dtype') or {}).get('float32'))} | "
+            f"{_percent(b)} | "
+            f"{_ms(b['launch_s'])} | {_ms(b['memory_s'])} | "
+            f"{_ms(b['compute_s'])} | {_ms(b['estimate_s'])} | "
+            f"{b['bound']} | {COUNTED_ON.get(where, '-')} "
+            f"({AUTOCAST_POLICY.get(where, '-')}) |")
+    return lines
+
+
+def commit_text(env: dict) -> str:
+    """The run's commit, and how many files it had changed beyond it."""
+    commit = (env.get('git_commit') or '?')[:7]
+    dirty = env.get('git_dirty_files') or []
+    if not dirty:
+        return commit
+    in_model = [f for f in dirty if f.startswith('posmlp_dense/')]
+    return (f"{commit} (uncommitted changes to {len(dirty)} files, "
+            + (f"{len(in_model)} of them" if in_model else 'none')
+            + ' in posmlp_dense/)')
+
+
 def gpu_proxy_markdown(report: dict, heading: str = '###') -> List[str]:
     """The GPU-proxy section: what is counted, the estimate's constants
-    and their sources, a row per (step, model), PosMLP-T against Swin-T
-    with issue 30's verdicts, and PosMLP-T's most frequent operators."""
+    and their sources, a row per (step, model) in fp32 and another in
+    bf16, PosMLP-T against Swin-T with issue 30's verdicts, and PosMLP-T's
+    most frequent operators."""
     from .gpu_proxy import step_name
     proxy = report.get('gpu_proxy')
     if not proxy or not proxy.get('rows'):
         return []
     gpu, rows = proxy['gpu'], proxy['rows']
     env = report.get('environment', {})
-    commit = (env.get('git_commit') or '?')[:7]
-    dirty = env.get('git_dirty_files') or []
-    if dirty:
-        in_model = [f for f in dirty if f.startswith('posmlp_dense/')]
-        dirty = (f" (uncommitted changes to {len(dirty)} files, "
-                 + (f"{len(in_model)} of them" if in_model else 'none')
-                 + ' in posmlp_dense/)')
-    else:
-        dirty = ''
     sources = dict(gpu.get('sources') or ())
     lines = [
         '', f'{heading} GPU proxy: operations, bytes and host syncs per '
         'step', '',
         f"Device-independent figures of one step, counted with torch "
         f"{env.get('torch', '?')} at "
-        f"commit {commit}{dirty}, and the time they imply on an "
+        f"commit {commit_text(env)}, and the time they imply on an "
         f"{gpu['name']}.", '', *GPU_PROXY_TEXT,
+        *([BF16_TEXT] if any(r.get('bf16') for r in rows) else []),
         PATH_TEXT[proxy.get('path', 'cpu')],
         f"- Estimate on the {gpu['name']}: launch = operations x launch "
-        f"cost; memory = bytes written / bandwidth; compute = FLOPs / "
-        f"peak rate; estimate = max(launch, memory + compute): the device "
-        f"runs memory-bound and compute-bound kernels one after another "
-        f"(their times add), while the host launches asynchronously ahead "
-        f"of it (the step takes the longer of the two). Reads are not "
-        f"counted, so memory is a lower bound of the traffic's time. "
-        f"\"bound\" names the longer side.", '',
+        f"cost; memory = bytes written / bandwidth; compute = the FLOPs "
+        f"run in bfloat16 / the bf16 rate + the rest / the fp32 rate; "
+        f"estimate = max(launch, memory + compute): the device's kernels "
+        f"run one after another, the host launches ahead of them. Reads "
+        f"are not counted: memory is a lower bound. \"bound\" names the "
+        f"longer side.", '',
         '| constant | value | source |', '| --- | ---: | --- |',
         f"| launch cost per operation | {gpu['launch_s'] * 1e6:g} us | "
         f"{sources.get('launch_s', '-')} |",
         f"| memory bandwidth | {gpu['bandwidth'] / 1e12:g} TB/s | "
         f"{sources.get('bandwidth', '-')} |",
-        f"| peak arithmetic rate | {gpu['peak_flops'] / 1e12:g} TFLOP/s | "
-        f"{sources.get('peak_flops', '-')} |",
-        '', '| step | model | operations | bytes written (GB) | host syncs |'
+        f"| peak arithmetic rate, fp32 | {gpu['peak_flops'] / 1e12:g} "
+        f"TFLOP/s | {sources.get('peak_flops', '-')} |",
+        *([f"| peak arithmetic rate, bf16 | "
+           f"{gpu['peak_bf16_flops'] / 1e12:g} TFLOP/s | "
+           f"{sources.get('peak_bf16_flops', '-')} |"]
+          if gpu.get('peak_bf16_flops') else []),
+        '', 'fp32:', '',
+        '| step | model | operations | bytes written (GB) | host syncs |'
         ' GFLOP | launch (ms) | memory (ms) | compute (ms) | estimate (ms) |'
         ' bound | counted on |',
         '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: '
@@ -461,14 +526,22 @@ def gpu_proxy_markdown(report: dict, heading: str = '###') -> List[str]:
             f"{_ms(r['memory_s'])} | {_ms(r['compute_s'])} | "
             f"{_ms(r['estimate_s'])} | {r['bound']} | "
             f"{COUNTED_ON.get(r.get('counted_on'), '-')} |")
+    lines += bf16_rows_markdown(rows)
     entries = (report.get('targets') or {}).get('gpu_proxy') or []
     if entries:
+        bf16 = any('estimate_ratio_bf16' in e for e in entries)
         lines += ['', 'PosMLP-T against Swin-T (ratios, below 1 is better; '
                   'host syncs PosMLP-T / Swin-T) and the targets of issue '
-                  '30:', '',
+                  '30, judged in fp32'
+                  + ('; the bf16 ratios for information' if bf16 else '')
+                  + ':', '',
                   '| step | operations | bytes written | FLOPs | estimate |'
-                  ' host syncs | target |',
-                  '| --- | ---: | ---: | ---: | ---: | ---: | --- |']
+                  + (' operations, bf16 | bytes written, bf16 | estimate, '
+                     'bf16 |' if bf16 else '')
+                  + ' host syncs | target |',
+                  '| --- | ---: | ---: | ---: | ---: |'
+                  + (' ---: | ---: | ---: |' if bf16 else '')
+                  + ' ---: | --- |']
         for e in entries:
             lines.append(
                 f"| {step_name(e['mode'], e['shape'])} | "
@@ -476,7 +549,11 @@ def gpu_proxy_markdown(report: dict, heading: str = '###') -> List[str]:
                 f"{fmt(e['bytes_ratio'], '.2f')} | "
                 f"{fmt(e['flop_ratio'], '.2f')} | "
                 f"{fmt(e['estimate_ratio'], '.2f')} | "
-                f"{e['syncs'][0]} / {e['syncs'][1]} | {verdict(e)} |")
+                + (f"{fmt(e.get('ops_ratio_bf16'), '.2f')} | "
+                   f"{fmt(e.get('bytes_ratio_bf16'), '.2f')} | "
+                   f"{fmt(e.get('estimate_ratio_bf16'), '.2f')} | "
+                   if bf16 else '')
+                + f"{e['syncs'][0]} / {e['syncs'][1]} | {verdict(e)} |")
     top = [r for r in rows if r['model'] == 'posmlp_t' and r.get('by_op')]
     if top:
         lines += ['', "PosMLP-T's most frequent operations per step (count):",

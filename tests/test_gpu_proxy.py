@@ -3,6 +3,7 @@ of a step, the time estimate built from them, issue 30's verdicts, and the
 GPU-proxy section of docs/performance.md generated from its JSON."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -12,9 +13,9 @@ import torch
 from torch import nn
 
 from benchmarks.doc_sections import end_marker, update_sections
-from benchmarks.gpu_proxy import (H200, NeedsData, OpCounter, count_call,
-                                  count_step, counting_place, estimate,
-                                  run_gpu_proxy)
+from benchmarks.gpu_proxy import (H200, PRECISIONS, NeedsData, OpCounter,
+                                  autocast_enabled, count_call, count_step,
+                                  counting_place, estimate, run_gpu_proxy)
 from benchmarks.report import gpu_proxy_markdown, gpu_proxy_targets, verdict
 from posmlp_dense import PosMLP
 from posmlp_dense.token_mixing import level_mixings
@@ -200,11 +201,89 @@ def test_the_estimate_takes_the_longer_of_launching_and_the_devices_work():
     assert e['estimate_s'] == pytest.approx(2.0) and e['bound'] == 'device'
 
 
+def test_the_bf16_flops_take_the_bf16_rate():
+    fp32 = estimate(10, 4.8e9, 67e12 + 989e12, H200)
+    bf16 = estimate(10, 4.8e9, 67e12 + 989e12, H200, bf16_flops=989e12)
+    assert fp32['compute_s'] == pytest.approx(1 + 989 / 67)
+    assert bf16['compute_s'] == pytest.approx(2.0)  # 1 s at each rate
+    assert bf16['memory_s'] == fp32['memory_s'] == pytest.approx(1e-3)
+    assert bf16['launch_s'] == fp32['launch_s']
+    with pytest.raises(ValueError, match='is not part of'):
+        estimate(10, 1, 1e9, H200, bf16_flops=2e9)
+
+
+def layer_normed_linear() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(),
+                         nn.Linear(16, 4))
+
+
+def test_bf16_counts_the_casts_and_the_lower_bytes():
+    """Under autocast the matmuls write bfloat16 and their operands are
+    cast first (counted); the FLOPs are the same, in training too."""
+    model = layer_normed_linear()
+    shape = (2, 4, 4)  # (the model sees 2 x 3 x 4 x 4: its last dim is 4)
+    model[0] = nn.Linear(4, 16)
+    fp32 = count_step(model, 'inference', shape, 'cpu')
+    bf16 = count_step(model, 'inference', shape, 'cpu', precision='bf16')
+    assert '_to_copy' not in fp32['by_op'] and bf16['by_op']['_to_copy'] > 0
+    assert set(fp32['bytes_by_dtype']) == {'float32'}
+    assert bf16['bytes_by_dtype']['bfloat16'] > 0
+    assert bf16['flops'] == fp32['flops']
+    assert fp32['flops_by_dtype'] == {'float32': fp32['flops']}
+    assert bf16['flops_by_dtype'] == {'bfloat16': bf16['flops']}
+    assert bf16['ops'] == fp32['ops'] + bf16['by_op']['_to_copy']
+    train = count_step(model, 'train', shape, 'cpu', precision='bf16')
+    assert train['flops'] == count_step(model, 'train', shape)['flops']
+    assert train['bytes_by_dtype']['bfloat16'] > 0
+    assert not torch.is_autocast_enabled('cpu')
+    with pytest.raises(ValueError, match='unknown precision'):
+        count_step(model, 'inference', shape, 'cpu', precision='fp16')
+
+
+def test_the_flops_by_dtype_add_up_to_the_flop_counters():
+    """OpCounter's FLOPs per dtype are FlopCounterMode's, split: under
+    autocast PosMLP computes its mixing weights in fp32 (their softmax
+    needs the range), its convolutions and projections in bfloat16."""
+    model = PosMLP(TINY_ARCH, out_indices=(0, 1, 2, 3))
+    for precision in PRECISIONS:
+        counts = count_step(model, 'train', (1, 56, 56), precision=precision)
+        assert sum(counts['flops_by_dtype'].values()) == counts['flops']
+    assert set(counts['flops_by_dtype']) == {'bfloat16', 'float32'}
+
+
+def test_bf16_on_fake_cuda_follows_the_cuda_policy_without_a_gpu():
+    """CUDA's autocast keeps layer_norm in fp32 (a cast up, an fp32
+    output, a cast back down for the next matmul); the CPU's runs it in
+    bfloat16. Counted on fake CUDA tensors, a step has CUDA's casts."""
+    model = layer_normed_linear()
+    model[0] = nn.Linear(4, 16)
+    cpu = count_step(model, 'inference', (2, 4, 4), 'cpu', precision='bf16')
+    cuda = count_step(model, 'inference', (2, 4, 4), 'fake-cuda',
+                      precision='bf16')
+    assert cuda['by_op']['_to_copy'] > cpu['by_op']['_to_copy']
+    assert cuda['bytes_by_dtype']['float32'] > \
+        cpu['bytes_by_dtype'].get('float32', 0)
+    assert not torch.is_autocast_enabled('cuda')
+
+
+def test_autocast_enabled_restores_the_state_it_found():
+    with torch.autocast('cpu', dtype=torch.float16):
+        with autocast_enabled('cpu'):
+            assert torch.get_autocast_dtype('cpu') == torch.bfloat16
+            assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == \
+                torch.bfloat16
+        assert torch.is_autocast_enabled('cpu')
+        assert torch.get_autocast_dtype('cpu') == torch.float16
+    assert not torch.is_autocast_enabled('cpu')
+
+
 def test_the_documented_constants_are_the_ones_used():
-    assert (H200.launch_s, H200.bandwidth, H200.peak_flops) == (
-        5e-6, 4.8e12, 67e12)
+    assert (H200.launch_s, H200.bandwidth, H200.peak_flops,
+            H200.peak_bf16_flops) == (5e-6, 4.8e12, 67e12, 989e12)
     section = doc_section()
-    for value in ('| 5 us |', '| 4.8 TB/s |', '| 67 TFLOP/s |'):
+    for value in ('| 5 us |', '| 4.8 TB/s |', '| 67 TFLOP/s |',
+                  '| 989 TFLOP/s |'):
         assert value in section
     assert 'NVIDIA H200 SXM' in section
 
@@ -230,6 +309,7 @@ def test_the_docs_section_is_the_one_generated_from_its_json():
     assert doc_section().strip('\n') == body
     models = {r['model'] for r in report['gpu_proxy']['rows']}
     assert {'posmlp_t', 'swin_t', 'resnet50'} <= models
+    assert all(r.get('bf16') for r in report['gpu_proxy']['rows'])
 
 
 def test_generated_sections_replace_only_their_own_lines():
@@ -252,6 +332,52 @@ def row(model, mode, ops, nbytes, syncs=0, flops=100.0):
     return dict(model=model, mode=mode, shape=[2, 512, 512], ops=ops,
                 bytes_written=nbytes, syncs=syncs, flops=flops,
                 **estimate(ops, nbytes, flops))
+
+
+def with_bf16(r, ops, nbytes, fp32_bytes):
+    r['bf16'] = dict(ops=ops, bytes_written=nbytes, syncs=0,
+                     flops=r['flops'], counted_on='fake-cuda',
+                     bytes_by_dtype={'bfloat16': nbytes - fp32_bytes,
+                                     'float32': fp32_bytes},
+                     flops_by_dtype={'bfloat16': 0.75 * r['flops'],
+                                     'float32': 0.25 * r['flops']},
+                     **estimate(ops, nbytes, r['flops'], H200,
+                                0.75 * r['flops']))
+    return r
+
+
+def test_the_bf16_column_next_to_fp32():
+    """Rows with bf16 counts get their own table and bf16 ratios beside
+    the fp32 ones, the verdict still judged in fp32; a report without
+    them (an older JSON) renders as before."""
+    rows = [with_bf16(row('posmlp_t', 'inference', 100, 2000), 120,
+                      1.5e9, 0.5e9),
+            with_bf16(row('swin_t', 'inference', 100, 1000), 150,
+                      1.0e9, 0.25e9)]
+    (entry,) = gpu_proxy_targets(rows)
+    assert entry['ops_ratio_bf16'] == pytest.approx(0.8)
+    assert entry['bytes_ratio_bf16'] == pytest.approx(1.5)
+    assert entry['estimate_ratio_bf16'] == pytest.approx(
+        rows[0]['bf16']['estimate_s'] / rows[1]['bf16']['estimate_s'])
+    assert entry['missed'] == ['bytes written 2.00x']  # fp32's, not bf16's
+    spec = dict(dataclasses.asdict(H200))
+    report = dict(gpu_proxy=dict(gpu=spec, path='cuda', rows=rows),
+                  targets=dict(gpu_proxy=[entry]))
+    text = '\n'.join(gpu_proxy_markdown(report))
+    assert '| peak arithmetic rate, bf16 | 989 TFLOP/s |' in text
+    assert ('| inference 2x3x512x512 | PosMLP-T | 120 | 1.500 | 0.500 | '
+            '75.0 % | 0.60 | 0.31 |') in text
+    assert 'fake CUDA tensors (CUDA) |' in text
+    assert '| 1.00 | 2.00 | 1.00 |' in text and '| 0.80 | 1.50 |' in text
+    for r in rows:
+        del r['bf16']
+    del spec['peak_bf16_flops']
+    report['targets'] = dict(gpu_proxy=gpu_proxy_targets(rows))
+    text = '\n'.join(gpu_proxy_markdown(report))
+    assert '| 67 TFLOP/s |' in text
+    for bf16_text in ('rate, bf16', 'bf16 (autocast)', 'estimate, bf16',
+                      '- Precision:'):
+        assert bf16_text not in text
 
 
 def test_issue_30_targets_per_step():
@@ -295,13 +421,24 @@ def test_benchmark_gpu_proxy_only(tmp_path):
         ('posmlp_t', 'train'), ('swin_t', 'train')]
     assert all(r['ops'] > 0 and r['estimate_s'] > 0 for r in rows)
     assert [r['counted_on'] for r in rows] == ['fake-cuda'] * 2 + ['cpu'] * 2
+    assert [r['bf16']['counted_on'] for r in rows] == \
+        [r['counted_on'] for r in rows]
+    assert all(r['bf16']['flops'] == r['flops'] and
+               r['bf16']['estimate_s'] > 0 for r in rows)
     entries = report['targets']['gpu_proxy']
     assert [e['mode'] for e in entries] == ['inference', 'train']
     text = page.read_text()
     assert text.startswith('# Perf\n\n<!-- generated: gpu-proxy by ')
     assert text.endswith('\n\nhand-written\n')
     assert '## GPU proxy' in text and verdict(entries[0]) in text
+    assert 'bf16 (autocast), the same steps:' in text
     assert '### GPU proxy' in (tmp_path / 'proxy.md').read_text()
+    report = bench.main([
+        '--gpu-proxy-only', '--gpu-proxy-fp32-only', '--device', 'cpu',
+        '--posmlp-arch', json.dumps(TINY_ARCH), '--gpu-proxy-models',
+        'posmlp_t', '--gpu-proxy-steps', 'inference:1x56x56',
+        '--calib-size', '128', '--no-chart', '--out', str(out)])
+    assert 'bf16' not in report['gpu_proxy']['rows'][0]
 
 
 def test_benchmark_compile_only(tmp_path):
@@ -358,9 +495,13 @@ def test_update_doc_is_checked_before_the_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(['--gpu-proxy-only', '--update-doc', str(page)])
     assert "sections 'gpu-proxy'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # nothing would write the section
-        bench.parse_args(['--update-doc', DOC])
-    assert 'add --gpu-proxy' in capsys.readouterr().err
+    page.write_text('<!-- generated: gpu-proxy -->\n'
+                    '<!-- end generated: gpu-proxy -->\n')
+    assert bench.parse_args(['--gpu-proxy-only', '--update-doc', str(page),
+                             '--out', str(tmp_path)]).update_doc == str(page)
+    with pytest.raises(SystemExit):  # a timed run writes the CPU table
+        bench.parse_args(['--training-only', '--update-doc', str(page)])
+    assert "sections 'cpu-vs-swin'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])

@@ -32,9 +32,13 @@ GPU-proxy part (``benchmarks.gpu_proxy``; ``--gpu-proxy``, or
 step per model, counted on this machine: the operations that launch work
 (on a GPU in eager mode, each at least one kernel launch), the bytes they
 write, the host syncs and the FLOPs, and the time they imply on an NVIDIA
-H200 SXM; with issue 30's targets against Swin-T. ``--update-doc
-docs/performance.md`` rewrites that page's generated GPU-proxy section
-from the run's JSON.
+H200 SXM, in fp32 and under bfloat16 autocast; with issue 30's targets
+against Swin-T.
+
+``--update-doc docs/performance.md`` rewrites that page's generated
+sections from the run's JSON: "cpu-vs-swin" (``benchmarks.like_for_like``)
+from a run that times PosMLP-T and Swin-T, "gpu-proxy" and "compile"
+from those parts.
 
 Models: ``posmlp_t``/``posmlp_s`` (this package), ``swin_t``/``swin_s`` and
 ``resnet50`` (built from mmdet's registry), and ``published_port``: the
@@ -82,6 +86,7 @@ from benchmarks.gpu_proxy import MODELS as PROXY_MODELS
 from benchmarks.gpu_proxy import PATHS as PROXY_PATHS
 from benchmarks.gpu_proxy import STEP_MODES, STEPS, run_gpu_proxy
 from benchmarks.inference import MacCounter, run_scaling, run_settings
+from benchmarks.like_for_like import like_for_like_markdown
 from benchmarks.measure import (
     MEMORY_METHODS, MODES, SOURCE_ROOT, PeakMemory, environment,
     environment_keeping_freed_memory, fit_exponent, keeps_freed_memory, log,
@@ -160,7 +165,8 @@ def parse_proxy_steps(text: str) -> List[Tuple[str, Tuple[int, ...]]]:
 
 # The generated sections of --update-doc's page that this benchmark writes,
 # and what writes each from a report.
-DOC_SECTIONS = {'gpu-proxy': gpu_proxy_markdown, 'compile': compiled_markdown}
+DOC_SECTIONS = {'cpu-vs-swin': like_for_like_markdown,
+                'gpu-proxy': gpu_proxy_markdown, 'compile': compiled_markdown}
 
 
 def parse_cp(text: str) -> List[bool]:
@@ -258,6 +264,9 @@ def parse_args(argv=None):
                          'NVIDIA H200 (benchmarks.gpu_proxy)')
     gp.add_argument('--gpu-proxy-only', action='store_true',
                     help='run only the GPU-proxy part (minutes)')
+    gp.add_argument('--gpu-proxy-fp32-only', action='store_true',
+                    help='count the steps in fp32 only, not also under '
+                         'bfloat16 autocast (half the time)')
     gp.add_argument('--gpu-proxy-models', default=','.join(PROXY_MODELS),
                     help='comma list from ' + ','.join(ALL_MODELS) +
                          ' (default %(default)s)')
@@ -275,7 +284,8 @@ def parse_args(argv=None):
     gp.add_argument('--update-doc', metavar='PAGE',
                     help='after the run (or with --from-json), rewrite the '
                          'generated sections of this Markdown page (between '
-                         'their marker lines) from the JSON: "gpu-proxy" '
+                         'their marker lines) from the JSON: "cpu-vs-swin" '
+                         'with the inference or training part, "gpu-proxy" '
                          'with --gpu-proxy(-only), "compile" with '
                          '--compile(-only)')
     cp = p.add_argument_group('torch.compile part')
@@ -334,10 +344,6 @@ def parse_args(argv=None):
                 '--training-only')
     if args.update_doc:
         sections = doc_sections(args)
-        if not (sections or args.from_json):
-            p.error('--update-doc writes the GPU-proxy and compile sections: '
-                    'add --gpu-proxy, --gpu-proxy-only, --compile or '
-                    '--compile-only (or --from-json)')
         check_doc(args.update_doc, sections, p.error)
     base = QUICK if args.quick else DEFAULTS
     for key, value in base.items():
@@ -352,7 +358,11 @@ def parse_args(argv=None):
 
 def doc_sections(args) -> List[str]:
     """The generated sections this run writes."""
+    if args.from_json:
+        return []  # those the JSON has figures for (update_doc)
+    timed = not (args.gpu_proxy_only or args.compile_only)
     return ([name for name, wanted in (
+        ('cpu-vs-swin', timed),
         ('gpu-proxy', args.gpu_proxy or args.gpu_proxy_only),
         ('compile', args.compile or args.compile_only)) if wanted])
 
@@ -376,9 +386,10 @@ def update_doc(report: dict, json_path: str, page: str):
         if lines:
             sections[name] = '\n'.join(lines)
     if not sections:
-        raise SystemExit(f'--update-doc: {json_path} has no GPU-proxy rows '
-                         f'and no compile figures (run with --gpu-proxy or '
-                         f'--compile)')
+        raise SystemExit(f'--update-doc: {json_path} has no figures of '
+                         f'the sections {", ".join(DOC_SECTIONS)} (PosMLP-T '
+                         f'and Swin-T timed, GPU-proxy rows, compile '
+                         f'figures)')
     try:
         update_file(page, sections, os.path.relpath(json_path))
     except ValueError as err:
@@ -613,7 +624,7 @@ def main(argv=None) -> dict:
                 m.to(device)
         report['gpu_proxy'] = run_gpu_proxy(
             models, proxy_steps, device, args.gpu_proxy_path, seed=args.seed,
-            start=start)
+            start=start, bf16=not args.gpu_proxy_fp32_only)
         del models
         gc.collect()
 

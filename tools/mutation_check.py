@@ -325,6 +325,19 @@ MUTATIONS: List[Mutation] = [
         'estimate_s=launch + device,',
         ('tests/test_gpu_proxy.py', '-k', 'estimate')),
     Mutation(
+        "GPU proxy: the bf16 FLOPs estimated at the fp32 rate",
+        'benchmarks/gpu_proxy.py',
+        '+ bf16_flops / spec.peak_bf16_flops',
+        '+ bf16_flops / spec.peak_flops',
+        ('tests/test_gpu_proxy.py', '-k', 'bf16_flops_take')),
+    Mutation(
+        "GPU proxy: bf16 steps on (fake) CUDA tensors counted under the "
+        "CPU's autocast policy",
+        'benchmarks/gpu_proxy.py',
+        "device_type = 'cpu' if place == 'cpu' else 'cuda'",
+        "device_type = 'cpu'",
+        ('tests/test_gpu_proxy.py', '-k', 'cuda_policy')),
+    Mutation(
         'command-line sizes: a zero size accepted',
         'benchmarks/cli_sizes.py',
         'p.isascii() and p.isdigit() and int(p) > 0 for p in parts',
