@@ -214,12 +214,12 @@ MUTATIONS: List[Mutation] = [
         'channel k in group k // (K / groups) instead of k % groups '
         '(to_windows, eager layout)',
         'posmlp_dense/windows.py',
-        '        win = F.pad(t, self.padding()).view(\n'
-        '            K // groups, groups, B, self.rows, wh, self.cols, ww)\n'
-        '        return win.permute(1, 0, 2, 3, 5, 4, 6).reshape(\n',
-        '        win = F.pad(t, self.padding()).view(\n'
-        '            groups, K // groups, B, self.rows, wh, self.cols, ww)\n'
-        '        return win.permute(0, 1, 2, 3, 5, 4, 6).reshape(\n',
+        '        grouped = t.reshape(K // groups, groups, B, self.height * '
+        'self.width\n'
+        '                            ).transpose(0, 1)\n',
+        '        grouped = t.reshape(groups, K // groups, B, self.height * '
+        'self.width\n'
+        '                            )\n',
         (ANY, '-k', 'window_layout'), forward=True),
     Mutation(
         'padded windows: softmax rows not renormalized over the real keys',
@@ -240,8 +240,8 @@ MUTATIONS: List[Mutation] = [
         'padded windows: padded keys padded with ones, not zeros (eager '
         'layout)',
         'posmlp_dense/windows.py',
-        '        win = F.pad(t, self.padding()).view(\n',
-        '        win = F.pad(t, self.padding(), value=1.0).view(\n',
+        '            layout = like.new_zeros(shape)\n',
+        '            layout = like.new_ones(shape)\n',
         (ANY, '-k', 'partial_windows_equal'), forward=True),
     Mutation(
         "map_index crops the padded map at (0, 0), not after the grid's "
