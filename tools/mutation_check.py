@@ -256,8 +256,10 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         'lean backward: d(v) multiplies by v instead of the mixed values',
         'posmlp_dense/block_function.py',
-        '            d_v = d_g * m\n',
-        '            d_v = d_g * v\n',
+        '            d_v = torch.mul(d_g, m, out=None if d_act is None else '
+        'd_act[1])\n',
+        '            d_v = torch.mul(d_g, v, out=None if d_act is None else '
+        'd_act[1])\n',
         (LEAN, '-k', 'equals_autograd')),
     Mutation(
         'lean backward: LayerNorm output recomputed without its bias',
@@ -282,9 +284,15 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         'lean backward: d(u) through P^T instead of P',
         'posmlp_dense/block_function.py',
-        '            d_u = grid.to_map(torch.bmm(d_m_w, weights))\n',
-        '            d_u = grid.to_map(torch.bmm(d_m_w, weights.transpose(1, 2)))'
-        '\n',
+        '            d_u_w = torch.bmm(d_m_w, weights)\n',
+        '            d_u_w = torch.bmm(d_m_w, weights.transpose(1, 2))\n',
+        (LEAN, '-k', 'equals_autograd')),
+    Mutation(
+        "lean backward: d(u) written into d(v)'s half of GELU's gradient "
+        "(eager)",
+        'posmlp_dense/block_function.py',
+        '    into = d_act[0].transpose(0, 1)',
+        '    into = d_act[1].transpose(0, 1)',
         (LEAN, '-k', 'equals_autograd')),
     Mutation(
         "benchmark's stem clock: the stem's backward not counted",
