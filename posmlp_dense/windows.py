@@ -127,12 +127,17 @@ class WindowGrid:
         """Drop the kept layouts (``to_windows``'s ``slot``): a level does
         after its blocks, and the first block's backward does after its
         own, so that none outlives the pass that uses it."""
-        self._zeroed.clear()
+        if self._zeroed:
+            self._zeroed.clear()
 
     def claim_release(self) -> bool:
         """True on the first call only: the caller (a level's first block
         on this grid, whose backward runs last) releases the layouts after
-        its backward."""
+        its backward. Always False with gathers: a captured graph keeps no
+        layouts (and a backward with side effects would not be captured
+        whole)."""
+        if self.gathers:
+            return False
         first = not self._release_claimed
         self._release_claimed = True
         return first
