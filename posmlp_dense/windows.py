@@ -37,8 +37,8 @@ class WindowGrid:
     map (the leading padding; non-zero only for shifted windows).
 
     ``gathers``: cut u into windows with index arithmetic and a gather, and
-    compute ``map_index`` by arithmetic, instead of padding and views. Both
-    give the same layout, bit for bit. A captured graph needs the gathers:
+    compute ``map_index`` by arithmetic, instead of a scatter and a view of
+    a padded map's positions. Both give the same layout, bit for bit. A captured graph needs the gathers:
     a view of a padded map makes the tracer guard on sizes (that a map holds
     more than one window, say), which would tie the graph to sizes like the
     capture's. Eager PyTorch scatters into a zeroed layout instead, which
