@@ -90,6 +90,8 @@ class PosMLPLevel(nn.Module):
                                   use_reentrant=False)
             else:
                 x = block(x, grid, mixing, mode)
+        for grid in grids:
+            grid.release_layouts()
         return x
 
 

@@ -116,6 +116,8 @@ class LeanBlock(torch.autograd.Function):
         result = block_pass(x, w, Mixing(weights, bias, scale), grid,
                             drop_scale, keep_intermediates=True)
         ctx.grid, ctx.eps, ctx.approximate = grid, eps, approximate
+        # the level's first block on this grid runs the last backward on it
+        ctx.releases_layouts = grid.claim_release()
         # the dtype LayerNorm ran in (float32 under autocast)
         ctx.norm_dtype = torch.promote_types(x.dtype, torch.float32) \
             if torch.is_autocast_enabled(x.device.type) else x.dtype
@@ -158,7 +160,10 @@ class LeanBlock(torch.autograd.Function):
             d_shrink_w = d_out.t().mm(g.t()) if needs.shrink_weight else None
             d_shrink_b = d_out.sum(0) if needs.shrink_bias else None
             d_g = s.shrink_weight.to(dtype).t().mm(d_out.t()).view_as(v)
-            d_v = d_g * m
+            # d(u, v) for GELU's backward, as one (2, K, T) tensor in eager
+            # PyTorch, whose halves are written in place
+            d_act = _activation_gradient_buffer(grid, v, dtype)
+            d_v = torch.mul(d_g, m, out=None if d_act is None else d_act[1])
             d_m = d_g * v
             # bias and scale are shared by a group's channels and the
             # samples: their gradients are sums, per token of the map
@@ -168,19 +173,18 @@ class LeanBlock(torch.autograd.Function):
                 if needs.scale:
                     d_scale = (d_m * mixed).sum((0, 2))
                 d_m = d_m * scale
-            d_m_w = grid.to_windows(d_m.view(K, B, H, W), groups)
+            d_m_w = grid.to_windows(d_m.view(K, B, H, W), groups,
+                                    slot='gradient')
             weights = s.weights.to(d_m_w.dtype)
             d_weights = None
             if needs.weights:
-                u_w = grid.to_windows(u, groups).to(d_m_w.dtype)
+                u_w = grid.to_windows(u, groups, slot='input').to(
+                    d_m_w.dtype)
                 d_weights = torch.bmm(d_m_w.transpose(1, 2), u_w)
-            d_u = grid.to_map(torch.bmm(d_m_w, weights))
-            d_u = d_u.view(groups, K // groups, B, H * W).transpose(0, 1)
-            # d(u, v) as one (2K, T) tensor for GELU's backward, channels
-            # in order. (Built by cat, not written into halves of a buffer:
-            # a copy into a view makes torch.compile's functionalization
-            # guard on the map's size, and compile again at every new size.)
-            d_act = torch.cat([d_u.to(dtype), d_v.to(dtype)]).view(2 * K, -1)
+            d_u_w = torch.bmm(d_m_w, weights)
+            if ctx.releases_layouts:
+                grid.release_layouts()
+            d_act = _activation_gradient(grid, d_u_w, d_v, d_act, dtype)
             d_hidden = torch.ops.aten.gelu_backward(
                 d_act, s.hidden, approximate=ctx.approximate)
             d_expand_b = d_hidden.sum(1) if needs.expand_bias else None
@@ -203,6 +207,40 @@ class LeanBlock(torch.autograd.Function):
                 _like(d_shrink_b, s.shrink_weight),
                 _like(d_weights, s.weights), _like(d_bias, s.bias),
                 _like(d_scale, s.scale), None, None, None, None)
+
+
+def _activation_gradient_buffer(grid: WindowGrid, v: torch.Tensor,
+                                dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """An empty (2, K/groups, groups, B, H * W) tensor of ``dtype`` for d(u)
+    and d(v), v's layout, in eager PyTorch; None in a captured graph, where
+    they are joined by cat instead (a copy into a view makes
+    torch.compile's functionalization guard on the map's size, and compile
+    again at every new size)."""
+    if grid.gathers:
+        return None
+    return v.new_empty((2, *v.shape), dtype=dtype)
+
+
+def _activation_gradient(grid: WindowGrid, d_u_w: torch.Tensor,
+                         d_v: torch.Tensor, d_act: Optional[torch.Tensor],
+                         dtype: torch.dtype) -> torch.Tensor:
+    """d(u, v) as one (2K, T) tensor of ``dtype`` for GELU's backward,
+    channels in order, from d(u) in the window layout (groups, K/groups *
+    B * windows, N) and d(v) (K/groups, groups, B, H * W): ``d_act`` from
+    ``_activation_gradient_buffer``, whose second half holds d(v) already,
+    gets d(u) gathered straight from the window layout; without it, cat."""
+    V, groups, B, tokens = d_v.shape
+    if d_act is None:
+        d_u = grid.to_map(d_u_w).view(groups, V, B, tokens).transpose(0, 1)
+        return torch.cat([d_u.to(dtype), d_v.to(dtype)]).view(
+            2 * V * groups, -1)
+    into = d_act[0].transpose(0, 1)                 # (groups, V, B, H * W)
+    rows = d_u_w.view(groups, V, B, -1)
+    if rows.dtype == dtype:
+        torch.index_select(rows, 3, grid.map_index(rows.device), out=into)
+    else:
+        into.copy_(rows.index_select(3, grid.map_index(rows.device)))
+    return d_act.view(2 * V * groups, -1)
 
 
 def _like(grad: Optional[torch.Tensor], ref: Optional[torch.Tensor]):

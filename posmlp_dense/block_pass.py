@@ -69,9 +69,11 @@ def block_pass(x: torch.Tensor, w: BlockWeights, mixing: Mixing,
     gated = gate_output(mixed, mixing, v)
     out = torch.addmm(w.shrink_bias, gated.reshape(gated.shape[0], -1).t(),
                       w.shrink_weight.t())
-    if drop_scale is not None:
-        out = (out.view(B, -1) * drop_scale.to(out.dtype).unsqueeze(1))
-    out = x + out.view(B, H, W, C)
+    if drop_scale is None:
+        out = x + out.view(B, H, W, C)
+    else:  # x + s * out, sample by sample, in one pass
+        out = torch.addcmul(x, out.view(B, H, W, C),
+                            drop_scale.to(out.dtype).view(B, 1, 1, 1))
     if keep_intermediates:
         return BlockPass(out, hidden, mixed)
     return BlockPass(out, None, None)

@@ -107,7 +107,7 @@ def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
 def mix(u: torch.Tensor, mixing: Mixing, grid: WindowGrid) -> torch.Tensor:
     """(K, B, H, W) channel-major u -> (groups, K/groups * B * windows, N):
     the weighted sums over each window's keys, before scale and bias."""
-    windows = grid.to_windows(u, mixing.groups)
+    windows = grid.to_windows(u, mixing.groups, slot='input')
     if windows.dtype == torch.float16 and mixing.scale is not None:
         # a partial window's weights on its real keys can be far below
         # float16's range, and the key scale far above it

@@ -10,7 +10,10 @@ runs on the real tokens alone, in map order. Only the gate's mixed half u
 passes through the window layout, once per block: ``to_windows`` pads it
 with zeros to whole windows and lays each window's tokens out as one row of
 N = wh * ww values, so that one batched matmul mixes every window of the
-level, whatever the map size (token_mixing.py). A zero key adds nothing to a
+level, whatever the map size (token_mixing.py). In eager PyTorch that is one
+scatter of the real tokens into a zeroed layout, which the grid keeps for
+the next block while autograd does not record (the padded tokens stay zero:
+no block writes them). A zero key adds nothing to a
 weighted sum, so a real query of a partial window sees only its real keys;
 gates whose rows are a softmax over the window are then renormalized over
 those keys (``key_mask`` and token_mixing.key_scale). ``to_map`` brings the
@@ -23,10 +26,9 @@ holds at every input size.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 
 class WindowGrid:
@@ -35,11 +37,12 @@ class WindowGrid:
     map (the leading padding; non-zero only for shifted windows).
 
     ``gathers``: cut u into windows with index arithmetic and a gather, and
-    compute ``map_index`` by arithmetic, instead of padding and views. Both
-    give the same layout, bit for bit. A captured graph needs the gathers:
+    compute ``map_index`` by arithmetic, instead of a scatter and a view of
+    a padded map's positions. Both give the same layout, bit for bit. A captured graph needs the gathers:
     a view of a padded map makes the tracer guard on sizes (that a map holds
     more than one window, say), which would tie the graph to sizes like the
-    capture's. Eager PyTorch takes the views, whose copies run faster.
+    capture's. Eager PyTorch scatters into a zeroed layout instead, which
+    it keeps for the next block (``to_windows``'s ``slot``).
     """
 
     def __init__(self, height, width, window: Tuple[int, int], top=0, left=0,
@@ -53,6 +56,8 @@ class WindowGrid:
         self.cols = (left + width + ww - 1) // ww
         self._indices = None
         self._map_index = None
+        self._zeroed = {}
+        self._release_claimed = False
 
     @property
     def tokens(self) -> int:
@@ -70,13 +75,20 @@ class WindowGrid:
         return (self.left, self.cols * ww - self.left - self.width,
                 self.top, self.rows * wh - self.top - self.height)
 
-    def to_windows(self, t: torch.Tensor, groups: int) -> torch.Tensor:
+    def to_windows(self, t: torch.Tensor, groups: int,
+                   slot: Optional[str] = None) -> torch.Tensor:
         """(K, B, H, W) channel-major map -> (groups, K/groups * B * windows,
         N), zero at padded tokens.
 
         A channel k is in group k % groups (the published order), so each
         group's rows come out together: one matmul per group then mixes
-        every window of every channel of the group."""
+        every window of every channel of the group.
+
+        ``slot``: in eager PyTorch with autograd not recording, the layout is
+        the grid's zeroed buffer of that name, kept for the next call with
+        the same slot, shape and dtype: only the real tokens are written
+        (its padded ones stay zero), and the result is valid until that
+        next call. Otherwise (or with no slot) a new layout is made."""
         K, B = t.shape[0], t.shape[1]
         wh, ww = self.window
         if self.gathers:
@@ -89,10 +101,46 @@ class WindowGrid:
             picked = picked.view(K // groups, groups, -1).transpose(0, 1)
             return picked.contiguous().view(groups, -1).view(groups, -1,
                                                              wh * ww)
-        win = F.pad(t, self.padding()).view(
-            K // groups, groups, B, self.rows, wh, self.cols, ww)
-        return win.permute(1, 0, 2, 3, 5, 4, 6).reshape(
-            groups, K // groups * B * self.rows * self.cols, wh * ww)
+        shape = (groups, K // groups, B, self.padded_tokens)
+        if slot is None or torch.is_grad_enabled():
+            layout = t.new_zeros(shape)
+        else:
+            layout = self._zeroed_layout(slot, shape, t)
+        # channel k = c * groups + g at [g, c], as a view of t
+        grouped = t.reshape(K // groups, groups, B, self.height * self.width
+                            ).transpose(0, 1)
+        layout.index_copy_(3, self.map_index(t.device), grouped)
+        return layout.view(groups, -1, wh * ww)
+
+    def _zeroed_layout(self, slot: str, shape, like: torch.Tensor
+                       ) -> torch.Tensor:
+        """The grid's zeroed window layout ``slot`` of ``shape`` and
+        ``like``'s dtype and device (made zero on first use)."""
+        key = (slot, like.dtype, like.device)
+        layout = self._zeroed.get(key)
+        if layout is None or tuple(layout.shape) != tuple(shape):
+            layout = like.new_zeros(shape)
+            self._zeroed[key] = layout
+        return layout
+
+    def release_layouts(self):
+        """Drop the kept layouts (``to_windows``'s ``slot``): a level does
+        after its blocks, and the first block's backward does after its
+        own, so that none outlives the pass that uses it."""
+        if self._zeroed:
+            self._zeroed.clear()
+
+    def claim_release(self) -> bool:
+        """True on the first call only: the caller (a level's first block
+        on this grid, whose backward runs last) releases the layouts after
+        its backward. Always False with gathers: a captured graph keeps no
+        layouts (and a backward with side effects would not be captured
+        whole)."""
+        if self.gathers:
+            return False
+        first = not self._release_claimed
+        self._release_claimed = True
+        return first
 
     def to_map(self, w: torch.Tensor) -> torch.Tensor:
         """``to_windows``'s rows back in map order: (groups, V * B * windows,
@@ -107,8 +155,8 @@ class WindowGrid:
         where padded (``like``'s dtype and device)."""
         if self.gathers:
             return self._gather_indices(like.device)[1].to(like.dtype)
-        ones = like.new_ones(1, 1, self.height, self.width)
-        return self.to_windows(ones, 1).reshape(-1)
+        return like.new_zeros(self.padded_tokens).index_fill_(
+            0, self.map_index(like.device), 1)
 
     def map_index(self, device) -> torch.Tensor:
         """(H * W,): where each token of the map, in map order, sits in one

@@ -135,6 +135,31 @@ def test_window_layout_round_trip_and_key_mask(size, window, origin,
     assert torch.equal(other.to_map(rows).view_as(grouped), grouped)
 
 
+def test_kept_window_layout_is_reused_only_where_nothing_records():
+    """Eager PyTorch writes the real tokens into a zeroed layout that the
+    grid keeps for the next call of the same slot: the padded tokens stay
+    zero, each call equals a fresh layout, and only the slot's last result
+    is overwritten. Where autograd records, every call gets its own."""
+    grid = window_grid(17, 29, (7, 7), (3, 2))
+    first, second = torch.randn(2, 6, 2, 17, 29).unbind(0)
+    with torch.no_grad():
+        a = grid.to_windows(first, 3, slot='input')
+        expected_a = grid.to_windows(first, 3)
+        assert torch.equal(a, expected_a)
+        b = grid.to_windows(second, 3, slot='input')
+        assert b.data_ptr() == a.data_ptr()
+        assert torch.equal(b, grid.to_windows(second, 3))
+        other = grid.to_windows(first, 3, slot='gradient')
+        assert torch.equal(other, expected_a) and torch.equal(
+            b, grid.to_windows(second, 3))
+    c = grid.to_windows(first, 3, slot='input')
+    assert c.data_ptr() != b.data_ptr() and torch.equal(c, expected_a)
+    grid.release_layouts()
+    with torch.no_grad():
+        assert torch.equal(grid.to_windows(second, 3, slot='input'),
+                           grid.to_windows(second, 3))
+
+
 @pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
 def test_equals_padding_with_masked_keys(gate):
     """Our partial windows compute exactly what padding every level to whole

@@ -214,12 +214,12 @@ MUTATIONS: List[Mutation] = [
         'channel k in group k // (K / groups) instead of k % groups '
         '(to_windows, eager layout)',
         'posmlp_dense/windows.py',
-        '        win = F.pad(t, self.padding()).view(\n'
-        '            K // groups, groups, B, self.rows, wh, self.cols, ww)\n'
-        '        return win.permute(1, 0, 2, 3, 5, 4, 6).reshape(\n',
-        '        win = F.pad(t, self.padding()).view(\n'
-        '            groups, K // groups, B, self.rows, wh, self.cols, ww)\n'
-        '        return win.permute(0, 1, 2, 3, 5, 4, 6).reshape(\n',
+        '        grouped = t.reshape(K // groups, groups, B, self.height * '
+        'self.width\n'
+        '                            ).transpose(0, 1)\n',
+        '        grouped = t.reshape(groups, K // groups, B, self.height * '
+        'self.width\n'
+        '                            )\n',
         (ANY, '-k', 'window_layout'), forward=True),
     Mutation(
         'padded windows: softmax rows not renormalized over the real keys',
@@ -240,8 +240,8 @@ MUTATIONS: List[Mutation] = [
         'padded windows: padded keys padded with ones, not zeros (eager '
         'layout)',
         'posmlp_dense/windows.py',
-        '        win = F.pad(t, self.padding()).view(\n',
-        '        win = F.pad(t, self.padding(), value=1.0).view(\n',
+        '            layout = like.new_zeros(shape)\n',
+        '            layout = like.new_ones(shape)\n',
         (ANY, '-k', 'partial_windows_equal'), forward=True),
     Mutation(
         "map_index crops the padded map at (0, 0), not after the grid's "
@@ -256,8 +256,10 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         'lean backward: d(v) multiplies by v instead of the mixed values',
         'posmlp_dense/block_function.py',
-        '            d_v = d_g * m\n',
-        '            d_v = d_g * v\n',
+        '            d_v = torch.mul(d_g, m, out=None if d_act is None else '
+        'd_act[1])\n',
+        '            d_v = torch.mul(d_g, v, out=None if d_act is None else '
+        'd_act[1])\n',
         (LEAN, '-k', 'equals_autograd')),
     Mutation(
         'lean backward: LayerNorm output recomputed without its bias',
@@ -282,9 +284,15 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         'lean backward: d(u) through P^T instead of P',
         'posmlp_dense/block_function.py',
-        '            d_u = grid.to_map(torch.bmm(d_m_w, weights))\n',
-        '            d_u = grid.to_map(torch.bmm(d_m_w, weights.transpose(1, 2)))'
-        '\n',
+        '            d_u_w = torch.bmm(d_m_w, weights)\n',
+        '            d_u_w = torch.bmm(d_m_w, weights.transpose(1, 2))\n',
+        (LEAN, '-k', 'equals_autograd')),
+    Mutation(
+        "lean backward: d(u) written into d(v)'s half of GELU's gradient "
+        "(eager)",
+        'posmlp_dense/block_function.py',
+        '    into = d_act[0].transpose(0, 1)',
+        '    into = d_act[1].transpose(0, 1)',
         (LEAN, '-k', 'equals_autograd')),
     Mutation(
         "benchmark's stem clock: the stem's backward not counted",
