@@ -129,12 +129,12 @@ def test_one_epoch_demo_with_no_predictions_reports_zero(tmp_path):
     assert json.loads((work / 'det' / 'metrics.json').read_text()) == {}
 
 
-def test_pretraining_runs_once_then_is_reused_until_its_data_change(
+def test_pretraining_runs_once_then_is_reused_until_its_recipe_changes(
         tmp_path, monkeypatch, capsys):
     """tools/demo.py's own pretraining, with tools/pretrain.py replaced by
     a stand-in that writes a checkpoint: the first call runs it, the second
-    reuses it, and after the data changed it runs again."""
-    from posmlp_dense.data.shape_classes import make_classification_set
+    reuses it, and after the recipe changed in the code it runs again."""
+    from posmlp_dense.pretraining import recipe
     calls = []
 
     def fake_run(args):
@@ -157,10 +157,11 @@ def test_pretraining_runs_once_then_is_reused_until_its_data_change(
     assert 'reusing it' in out
     assert 'python tools/pretrain.py --data ' + osp.join(data, 'demo_cls') \
         in out
-    make_classification_set(osp.join(data, 'demo_cls'), seed=3)
+    monkeypatch.setattr(recipe, 'SHAPES_DEMO',
+                        recipe.SHAPES_DEMO.replace(epochs=41))
     demo.demo_pretraining(work, data)
     assert len(calls) == 2
-    assert 'data differ' in capsys.readouterr().out
+    assert 'recipe differ' in capsys.readouterr().out
 
 
 def test_scratch_and_pretrained_exclude_each_other(tmp_path, capsys):
