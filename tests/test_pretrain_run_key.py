@@ -3,6 +3,7 @@ checkpoint (no training here: the keys and files are what is tested)."""
 from __future__ import annotations
 
 import json
+import os
 import os.path as osp
 
 import pytest
@@ -28,7 +29,6 @@ def _argv(data, output, *more):
 
 def _finished_run(output, key):
     """What a finished run leaves: its checkpoint and, after it, the key."""
-    import os
     os.makedirs(output, exist_ok=True)
     with open(run_key.checkpoint_path(output), 'wb') as f:
         f.write(b'weights')
