@@ -277,6 +277,8 @@ def run_task(task: str, args, pretrained) -> dict:
     run([osp.join(HERE, 'test.py'), config, checkpoint, '--work-dir',
          osp.join(work, 'test'), '--out', trained, '--show-dir', pictures]
         + test_options('trained'))
+    if task == 'seg':  # mmseg's visualizer saves under its backend's folder
+        pictures = osp.join(pictures, 'vis_data', 'vis_image')
     result = dict(name=spec['name'], metric=spec['metric'],
                   before=read_metric(untrained, spec['metric']),
                   after=read_metric(trained, spec['metric']),
