@@ -1,4 +1,5 @@
-"""tools/demo.py: --epochs / --iters / --pretrained, and empty predictions."""
+"""tools/demo.py: --epochs / --iters / --pretrained / --scratch, its own
+pretraining's reuse, and empty predictions."""
 from __future__ import annotations
 
 import argparse
@@ -115,8 +116,8 @@ def test_one_epoch_demo_with_no_predictions_reports_zero(tmp_path):
              'test_dataloader.dataset.indices=4',
              'model.test_cfg.score_thr=1.01']
     res = subprocess.run(
-        [sys.executable, 'tools/demo.py', '--epochs', '1', '--work-dir',
-         str(work), '--cfg-options'] + small,
+        [sys.executable, 'tools/demo.py', '--scratch', '--epochs', '1',
+         '--work-dir', str(work), '--cfg-options'] + small,
         cwd=ROOT, capture_output=True, text=True, timeout=900,
         env=dict(os.environ, PYTHONPATH=ROOT))
     out = res.stdout + res.stderr
@@ -126,3 +127,46 @@ def test_one_epoch_demo_with_no_predictions_reports_zero(tmp_path):
     assert osp.isfile(work / 'det' / 'train' / 'epoch_1.pth')
     assert not osp.exists(work / 'det' / 'train' / 'epoch_2.pth')
     assert json.loads((work / 'det' / 'metrics.json').read_text()) == {}
+
+
+def test_pretraining_runs_once_then_is_reused_until_its_recipe_changes(
+        tmp_path, monkeypatch, capsys):
+    """tools/demo.py's own pretraining, with tools/pretrain.py replaced by
+    a stand-in that writes a checkpoint: the first call runs it, the second
+    reuses it, and after the recipe changed in the code it runs again."""
+    from posmlp_dense.pretraining import recipe
+    calls = []
+
+    def fake_run(args):
+        calls.append(args)
+        output = args[args.index('--output') + 1]
+        os.makedirs(output, exist_ok=True)
+        with open(osp.join(output, 'last.pth'), 'wb') as f:
+            f.write(b'weights')
+
+    monkeypatch.setattr(demo, 'run', fake_run)
+    monkeypatch.chdir(ROOT)  # the config path in the command is relative
+    data, work = str(tmp_path / 'data'), str(tmp_path / 'work')
+    ckpt = demo.demo_pretraining(work, data)
+    assert ckpt == osp.join(work, 'pretrain', 'last.pth')
+    assert len(calls) == 1 and calls[0][0].endswith('pretrain.py')
+    assert 'no checkpoint at' in capsys.readouterr().out
+    assert demo.demo_pretraining(work, data) == ckpt
+    assert len(calls) == 1
+    out = capsys.readouterr().out
+    assert 'reusing it' in out
+    assert 'python tools/pretrain.py --data ' + osp.join(data, 'demo_cls') \
+        in out
+    monkeypatch.setattr(recipe, 'SHAPES_DEMO',
+                        recipe.SHAPES_DEMO.replace(epochs=41))
+    demo.demo_pretraining(work, data)
+    assert len(calls) == 2
+    assert 'recipe differ' in capsys.readouterr().out
+
+
+def test_scratch_and_pretrained_exclude_each_other(tmp_path, capsys):
+    ckpt = tmp_path / 'pre.pth'
+    ckpt.write_bytes(b'')
+    with pytest.raises(SystemExit):
+        demo.parse_args(['--scratch', '--pretrained', str(ckpt)])
+    assert 'not allowed with' in capsys.readouterr().err

@@ -7,6 +7,7 @@
     python tools/demo.py --epochs 12            # a shorter detection run
     python tools/demo.py --task seg --iters 200
     python tools/demo.py --pretrained work_dirs/pretrain/custom/last.pth
+    python tools/demo.py --scratch              # no pretrained backbone
 
 For each task it writes the built-in dataset (tools/make_demo_data.py),
 evaluates the freshly initialized model, trains it with tools/train.py,
@@ -14,13 +15,21 @@ evaluates the final checkpoint with tools/test.py (pycocotools' COCO mAP /
 mmseg's mIoU) while drawing its predictions, and prints before/after
 metrics. Everything goes under --work-dir (default work_dirs/demo).
 
+The backbone starts from a pretraining on the built-in shape classes: the
+demo runs tools/pretrain.py itself (minutes) into <work-dir>/pretrain, or
+reuses the checkpoint there when the same command on the same data and code
+made it (posmlp_dense.pretraining.run_key), and prints that command.
+Detection also reports the share of the drawn boxes (score >= 0.5, the
+boxes in the pictures) whose class is right at IoU >= 0.5
+(posmlp_dense.analysis.drawn_labels).
+
 ``--epochs`` (detection) and ``--iters`` (segmentation) shorten or lengthen
 the schedule: the loop length, the evaluation and checkpoint intervals and
 the learning-rate schedule's end move together. A model that predicts
 nothing above the score threshold (early in training) has an mAP of 0.0.
-``--pretrained CKPT`` starts the backbone from a pretraining checkpoint of
-the same small arch (tools/pretrain.py --arch-from-config on the demo
-config) instead of from scratch.
+``--pretrained CKPT`` starts the backbone from another pretraining
+checkpoint of the same small arch (tools/pretrain.py --arch-from-config on
+the demo config); ``--scratch`` from random weights.
 """
 import argparse
 import glob
@@ -31,13 +40,17 @@ import subprocess
 import sys
 import time
 
+from posmlp_dense.analysis.drawn_labels import drawn_label_share
+from posmlp_dense.data import shape_classes
 from posmlp_dense.data import shapes as demo_data
 from posmlp_dense.known_warnings import hide_known_third_party_warnings
+from posmlp_dense.pretraining import run_key
 
 HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(HERE)
+DET_CONFIG = 'configs/demo/retinanet_posmlp_t_fpn_demo-shapes.py'
 TASKS = {
-    'det': dict(config='configs/demo/retinanet_posmlp_t_fpn_demo-shapes.py',
+    'det': dict(config=DET_CONFIG,
                 metric='coco/bbox_mAP', name='RetinaNet-PosMLP box mAP',
                 unit='epochs'),
     'seg': dict(config='configs/demo/fpn_posmlp_t_demo-shapes.py',
@@ -57,9 +70,14 @@ def parse_args(argv=None):
     parser.add_argument('--iters', type=int, default=None,
                         help='segmentation: train this many iterations '
                         "instead of the config's")
-    parser.add_argument('--pretrained', default=None, metavar='CKPT',
-                        help='initialize the backbone from this checkpoint '
-                        '(init_cfg Pretrained) instead of from scratch')
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument('--pretrained', default=None, metavar='CKPT',
+                       help='initialize the backbone from this checkpoint '
+                       "(init_cfg Pretrained) instead of the demo's own "
+                       'pretraining')
+    start.add_argument('--scratch', action='store_true',
+                       help='train the backbone from random weights (no '
+                       'pretraining)')
     parser.add_argument('--cfg-options', nargs='+', default=[],
                         help='passed on to train.py and test.py (after the '
                         'options above, so they win)')
@@ -123,6 +141,66 @@ def pretrained_options(checkpoint: str) -> list:
             f'model.backbone.init_cfg.checkpoint={osp.abspath(checkpoint)}']
 
 
+def pretrain_arguments(work_dir: str, data_dir: str = 'data') -> list:
+    """The tools/pretrain.py arguments of the demo's own pretraining: the
+    built-in shape classes, the short CPU recipe, the demo detector's
+    backbone (the segmenter's is the same)."""
+    return ['--data', shape_classes.default_root(data_dir),
+            '--recipe', 'shapes-demo', '--arch-from-config', DET_CONFIG,
+            '--output', osp.join(work_dir, 'pretrain')]
+
+
+def demo_pretraining(work_dir: str, data_dir: str = 'data') -> str:
+    """The checkpoint of the demo's pretraining: an earlier run's when the
+    same command on the same data and code made it, else a new run's."""
+    step('pretrained backbone (built-in shape classes)')
+    shape_classes.make_classification_set(
+        shape_classes.default_root(data_dir))
+    argv = pretrain_arguments(work_dir, data_dir)
+    output = argv[argv.index('--output') + 1]
+    key = run_key.run_key(argv)
+    reusable, why = run_key.reuse_check(output, key)
+    command = 'python tools/pretrain.py ' + ' '.join(argv)
+    if reusable:
+        print(f'reusing it: {why}:\n  {command}', flush=True)
+    else:
+        print(f'pretraining it ({why}), minutes on a CPU:', flush=True)
+        run_key.forget(output)
+        run([osp.join(HERE, 'pretrain.py')] + argv)
+        run_key.record(output, key)
+    return run_key.checkpoint_path(output)
+
+
+def prediction_options(prefix: str) -> list:
+    # CocoMetric writes <prefix>.bbox.json: the boxes as COCO results
+    return [f'test_evaluator.outfile_prefix={osp.abspath(prefix)}']
+
+
+def label_share(config: str, prefix: str) -> dict:
+    """drawn_label_share of the boxes test.py wrote with ``prefix``, at
+    the score threshold the pictures are drawn with."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(ROOT, config))
+    ann_file = cfg.test_evaluator['ann_file']
+    score_thr = cfg.default_hooks.visualization.score_thr
+    with open(osp.join(ROOT, ann_file)) as f:
+        ground_truth = json.load(f)
+    with open(f'{prefix}.bbox.json') as f:
+        predictions = json.load(f)
+    return drawn_label_share(ground_truth, predictions, score_thr=score_thr)
+
+
+def describe_share(share: dict) -> str:
+    if not share['drawn']:
+        return 'no box drawn'
+    return (f"{share['right']}/{share['drawn']} = {100 * share['share']:.1f}% "
+            f"of the drawn boxes (score >= {share['score_thr']}) have the "
+            f"right class at IoU >= {share['iou_thr']} ({share['wrong_class']}"
+            f" wrong class, {share['duplicate']} duplicates, "
+            f"{share['background']} on background; {share['missed']} of "
+            f"{share['num_gt']} shapes not drawn)")
+
+
 def step(title: str):
     print(f'\n=== {title}', flush=True)
 
@@ -160,20 +238,35 @@ def last_checkpoint(work_dir: str) -> str:
     return found[-1]
 
 
-def run_task(task: str, args) -> dict:
+def cfg_options(options: list) -> list:
+    return ['--cfg-options'] + options if options else []
+
+
+def run_task(task: str, args, pretrained) -> dict:
     spec = TASKS[task]
     config = spec['config']
     work = osp.join(args.work_dir, task)
     length = args.epochs if task == 'det' else args.iters
     extra = schedule_options(config, length) if length else []
-    if args.pretrained:
-        extra += pretrained_options(args.pretrained)
+    if pretrained:
+        extra += pretrained_options(pretrained)
     extra += args.cfg_options
-    options = ['--cfg-options'] + extra if extra else []
+    options = cfg_options(extra)
+    boxes = {}  # detection: where test.py writes the predicted boxes
+    if task == 'det':
+        boxes = {when: osp.join(work, f'{when}_boxes')
+                 for when in ('untrained', 'trained')}
+
+    def test_options(when):
+        if not boxes:
+            return options
+        return cfg_options(prediction_options(boxes[when]) + extra)
+
     step(f'{task}: evaluate the untrained model')
     untrained = osp.join(work, 'untrained_metrics.json')
     run([osp.join(HERE, 'test.py'), config, '--work-dir',
-         osp.join(work, 'untrained'), '--out', untrained] + options)
+         osp.join(work, 'untrained'), '--out', untrained]
+        + test_options('untrained'))
     step(f'{task}: train ({config})')
     train_dir = osp.join(work, 'train')
     run([osp.join(HERE, 'train.py'), config, '--work-dir', train_dir]
@@ -184,11 +277,19 @@ def run_task(task: str, args) -> dict:
     pictures = osp.join(work, 'predictions')
     run([osp.join(HERE, 'test.py'), config, checkpoint, '--work-dir',
          osp.join(work, 'test'), '--out', trained, '--show-dir', pictures]
-        + options)
-    return dict(name=spec['name'], metric=spec['metric'],
-                before=read_metric(untrained, spec['metric']),
-                after=read_metric(trained, spec['metric']),
-                checkpoint=checkpoint, pictures=pictures)
+        + test_options('trained'))
+    if task == 'seg':  # mmseg's visualizer saves under its backend's folder
+        pictures = osp.join(pictures, 'vis_data', 'vis_image')
+    result = dict(name=spec['name'], metric=spec['metric'],
+                  before=read_metric(untrained, spec['metric']),
+                  after=read_metric(trained, spec['metric']),
+                  checkpoint=checkpoint, pictures=pictures)
+    if boxes:
+        result['shares'] = {when: label_share(config, prefix)
+                            for when, prefix in boxes.items()}
+        with open(osp.join(work, 'drawn_labels.json'), 'w') as f:
+            json.dump(result['shares'], f, indent=1)
+    return result
 
 
 def main(argv=None):
@@ -198,11 +299,17 @@ def main(argv=None):
     step('built-in datasets')
     demo_data.make_demo_data('data')  # where the demo configs look
     tasks = ['det', 'seg'] if args.task == 'all' else [args.task]
-    results = [run_task(task, args) for task in tasks]
+    pretrained = args.pretrained
+    if pretrained is None and not args.scratch:
+        pretrained = demo_pretraining(args.work_dir)
+    results = [run_task(task, args, pretrained) for task in tasks]
     step(f'done in {(time.time() - start) / 60:.1f} min')
+    print(f"backbone: {pretrained or 'random initialization (--scratch)'}")
     for r in results:
         print(f"{r['name']}: untrained {r['before']:.3f} -> trained "
               f"{r['after']:.3f}")
+        for when, share in r.get('shares', {}).items():
+            print(f'  {when}: {describe_share(share)}')
         print(f"  checkpoint: {r['checkpoint']}")
         print(f"  predictions drawn in: {r['pictures']}")
 

@@ -64,5 +64,7 @@ param_scheduler = [
 optim_wrapper = dict(optimizer=dict(lr=1e-3))
 default_hooks = dict(
     logger=dict(interval=8),
-    checkpoint=dict(interval=max_epochs, max_keep_ckpts=2))
+    checkpoint=dict(interval=max_epochs, max_keep_ckpts=2),
+    # the pictures show the boxes tools/demo.py scores for their labels
+    visualization=dict(score_thr=0.5))
 randomness = dict(seed=0)
