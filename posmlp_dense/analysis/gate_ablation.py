@@ -153,7 +153,7 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
                 seconds_per_epoch=seconds / (settings.epochs * len(runs)))
     recipe = settings.recipe.replace(epochs=settings.epochs)
     return dict(
-        data=os.path.abspath(settings.data), classes=list(classes),
+        data=settings.data, classes=list(classes),  # as given: no machine path
         num_val=num_val, chance_top1=100.0 / len(classes),
         seeds=list(range(settings.seeds)), epochs=settings.epochs,
         arch=settings.arch, recipe=recipe.as_dict(),
