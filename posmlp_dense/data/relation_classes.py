@@ -34,8 +34,9 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .shapes import (_Writer, _background, _jpeg_bytes, _pick_colour,
-                     _polygon, _rasterize, _read_manifest, verify_manifest)
+from .shape_classes import write_balanced_image_folders
+from .shapes import (_background, _jpeg_bytes, _pick_colour, _polygon,
+                     _rasterize, _read_manifest)
 
 __all__ = ['CLASSES', 'check_labels', 'default_root', 'direction_class',
            'make_relation_set', 'render_relation']
@@ -162,29 +163,11 @@ def make_relation_set(root: str, num_train: int = 1600, num_val: int = 400,
     params = _check_params(num_train, num_val, image_size, size_range,
                            margin)
     params['seed'] = int(seed)
-    info = dict(root=root, classes=CLASSES, params=params)
-    if reuse_existing and verify_manifest(root, KIND, params):
-        info.update(_read_manifest(root).get('counts', {}), reused=True,
-                    seconds=time.perf_counter() - start)
-        return info
-    writer = _Writer(root, [f'{split}/{name}' for split in SPLITS
-                            for name in CLASSES])
-    counts = {}
-    for split_index, (split, num) in enumerate(zip(SPLITS,
-                                                   (num_train, num_val))):
-        per_class = [0] * len(CLASSES)
-        for index in range(int(num)):
-            img, _ = _image(seed, split_index, index, params['image_size'],
-                            params['size_range'], params['margin_degrees'])
-            label = index % len(CLASSES)
-            per_class[label] += 1
-            writer.write(f'{split}/{CLASSES[label]}/demo_{split}_'
-                         f'{index:05d}.jpg', _jpeg_bytes(img))
-        counts[f'num_{split}'] = int(num)
-        counts[f'{split}_per_class'] = per_class
-    writer.finish(KIND, params, counts)
-    info.update(counts, reused=False, seconds=time.perf_counter() - start)
-    return info
+    return write_balanced_image_folders(
+        root, KIND, CLASSES, params, (num_train, num_val), reuse_existing,
+        lambda split, index: _image(
+            seed, split, index, params['image_size'], params['size_range'],
+            params['margin_degrees'])[0], start)
 
 
 def _mask_centre(mask: np.ndarray) -> np.ndarray:

@@ -30,7 +30,8 @@ import numpy as np
 from .shapes import (SHAPES, _Writer, _jpeg_bytes, _read_manifest,
                      render_scene, verify_manifest)
 
-__all__ = ['CLASSES', 'make_classification_set']
+__all__ = ['CLASSES', 'make_classification_set',
+           'write_balanced_image_folders']
 
 #: Class names; the ImageFolder reader sorts them, which keeps this order.
 CLASSES = tuple(sorted(SHAPES))
@@ -89,27 +90,41 @@ def make_classification_set(root: str, num_train: int = 900,
     params = dict(seed=int(seed), num_train=int(num_train),
                   num_val=int(num_val), image_size=size,
                   size_range=[lo, hi])
-    info = dict(root=root, classes=CLASSES, params=params)
-    if reuse_existing and verify_manifest(root, KIND, params):
+    return write_balanced_image_folders(
+        root, KIND, CLASSES, params, (num_train, num_val), reuse_existing,
+        lambda split, index: _draw(seed, split, index, size, (lo, hi)), start)
+
+
+def write_balanced_image_folders(root: str, kind: str, classes, params: dict,
+                                 sizes, reuse_existing: bool, draw,
+                                 start: float) -> dict:
+    """The ImageFolder tree of a built-in classification set: image
+    ``index`` of split ``s`` (0 train, 1 val; ``sizes`` images each) is
+    ``draw(s, index)``, of class ``index % len(classes)``, written as
+    ``<split>/<class>/demo_<split>_<index>.jpg`` with the manifest of
+    ``kind`` and ``params``; a set already there with the same parameters
+    and intact files is kept (``reuse_existing``). Returns ``root``,
+    ``classes``, ``params``, the per-split and per-class counts,
+    ``reused`` and ``seconds`` since ``start``."""
+    info = dict(root=root, classes=classes, params=params)
+    if reuse_existing and verify_manifest(root, kind, params):
         info.update(_read_manifest(root).get('counts', {}), reused=True,
                     seconds=time.perf_counter() - start)
         return info
-
     writer = _Writer(root, [f'{split}/{name}' for split in SPLITS
-                            for name in CLASSES])
+                            for name in classes])
     counts = {}
-    for split_index, (split, num) in enumerate(zip(SPLITS,
-                                                   (num_train, num_val))):
-        per_class = [0] * len(CLASSES)
+    for split_index, (split, num) in enumerate(zip(SPLITS, sizes)):
+        per_class = [0] * len(classes)
         for index in range(int(num)):
-            img = _draw(seed, split_index, index, size, (lo, hi))
-            label = index % len(CLASSES)
+            img = draw(split_index, index)
+            label = index % len(classes)
             per_class[label] += 1
-            writer.write(f'{split}/{CLASSES[label]}/demo_{split}_'
+            writer.write(f'{split}/{classes[label]}/demo_{split}_'
                          f'{index:05d}.jpg', _jpeg_bytes(img))
         counts[f'num_{split}'] = int(num)
         counts[f'{split}_per_class'] = per_class
-    writer.finish(KIND, params, counts)
+    writer.finish(kind, params, counts)
     info.update(counts, reused=False, seconds=time.perf_counter() - start)
     return info
 
