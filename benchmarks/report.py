@@ -5,6 +5,7 @@ import math
 import statistics
 from typing import List, Optional
 
+from .inductor_counts import inductor_counts_markdown
 from .measure import MEMORY_METHODS, MODES, fmt, size_name
 from .models import ALL_MODELS, LABELS
 
@@ -714,6 +715,7 @@ def markdown(report: dict) -> str:
     lines += training_markdown(report)
     lines += gpu_proxy_markdown(report)
     lines += compiled_markdown(report)
+    lines += inductor_counts_markdown(report)
     lines += ['', f"Run time: {report['run_seconds'] / 60:.1f} min."]
     return '\n'.join(lines) + '\n'
 

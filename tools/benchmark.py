@@ -85,6 +85,8 @@ from benchmarks.doc_sections import update_file, update_sections
 from benchmarks.gpu_proxy import MODELS as PROXY_MODELS
 from benchmarks.gpu_proxy import PATHS as PROXY_PATHS
 from benchmarks.gpu_proxy import STEP_MODES, STEPS, run_gpu_proxy
+from benchmarks.inductor_counts import (inductor_counts_markdown,
+                                       run_inductor_counts)
 from benchmarks.inference import MacCounter, run_scaling, run_settings
 from benchmarks.like_for_like import like_for_like_markdown
 from benchmarks.measure import (
@@ -148,25 +150,27 @@ def parse_sizes(text: Optional[str], layout: str, what: str
     return [parse_size_arg(s, layout, what) for s in parse_list(text)]
 
 
-def parse_proxy_steps(text: str) -> List[Tuple[str, Tuple[int, ...]]]:
+def parse_proxy_steps(text: str, option: str = '--gpu-proxy-steps'
+                      ) -> List[Tuple[str, Tuple[int, ...]]]:
     """'MODE:BxHxW,...' -> [(mode, (batch, height, width))]; a bad entry
-    exits naming it."""
+    exits naming it and ``option``."""
     steps = []
     for item in parse_list(text):
         mode, _, shape = item.partition(':')
         if mode not in STEP_MODES or not shape:
-            raise SystemExit(f'bad --gpu-proxy-steps entry {item!r}: expected '
+            raise SystemExit(f'bad {option} entry {item!r}: expected '
                              f'MODE:BxHxW with MODE one of '
                              f'{", ".join(STEP_MODES)}')
         steps.append((mode, parse_size_arg(shape, 'BxHxW',
-                                           '--gpu-proxy-steps shape')))
+                                           f'{option} shape')))
     return steps
 
 
 # The generated sections of --update-doc's page that this benchmark writes,
 # and what writes each from a report.
 DOC_SECTIONS = {'cpu-vs-swin': like_for_like_markdown,
-                'gpu-proxy': gpu_proxy_markdown, 'compile': compiled_markdown}
+                'gpu-proxy': gpu_proxy_markdown, 'compile': compiled_markdown,
+                'inductor-counts': inductor_counts_markdown}
 
 
 def parse_cp(text: str) -> List[bool]:
@@ -309,6 +313,20 @@ def parse_args(argv=None):
     cp.add_argument('--compile-repeats', type=int, default=3,
                     help='timed eager and compiled steps, interleaved '
                          '(default %(default)s, after one warm-up each)')
+    cp.add_argument('--inductor-counts', action='store_true',
+                    help='also compile steps with inductor (static shapes) '
+                         'and report the kernels it makes and the bytes '
+                         'they read and write, beside the eager step\'s '
+                         'operations and bytes (benchmarks.inductor_counts)')
+    cp.add_argument('--inductor-counts-only', action='store_true',
+                    help='run only the inductor counts')
+    cp.add_argument('--inductor-counts-steps',
+                    default='inference:1x800x1333,train:2x512x512',
+                    help='MODE:BxHxW comma list, MODE inference or train '
+                         '(default %(default)s)')
+    cp.add_argument('--inductor-counts-models', default='posmlp_t,swin_t',
+                    help='models of the inductor counts (default '
+                         '%(default)s)')
     p.add_argument('--keep-freed-memory', action='store_true',
                    help='run in a child process whose malloc keeps freed '
                         'memory (glibc tunables, Linux): no step pays page '
@@ -342,6 +360,9 @@ def parse_args(argv=None):
     if args.compile_only and (args.gpu_proxy_only or args.training_only):
         p.error('--compile-only excludes --gpu-proxy-only and '
                 '--training-only')
+    if args.inductor_counts_only and (args.gpu_proxy_only or
+                                      args.training_only or args.compile_only):
+        p.error('--inductor-counts-only excludes the other --*-only options')
     if args.update_doc:
         sections = doc_sections(args)
         check_doc(args.update_doc, sections, p.error)
@@ -360,11 +381,14 @@ def doc_sections(args) -> List[str]:
     """The generated sections this run writes."""
     if args.from_json:
         return []  # those the JSON has figures for (update_doc)
-    timed = not (args.gpu_proxy_only or args.compile_only)
+    timed = not (args.gpu_proxy_only or args.compile_only or
+                 args.inductor_counts_only)
     return ([name for name, wanted in (
         ('cpu-vs-swin', timed),
         ('gpu-proxy', args.gpu_proxy or args.gpu_proxy_only),
-        ('compile', args.compile or args.compile_only)) if wanted])
+        ('compile', args.compile or args.compile_only),
+        ('inductor-counts', args.inductor_counts or
+         args.inductor_counts_only)) if wanted])
 
 
 def check_doc(path: str, sections: List[str], error):
@@ -508,7 +532,7 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     device = choose_device(args.device)
     inference = not (args.training_only or args.gpu_proxy_only
-                     or args.compile_only)
+                     or args.compile_only or args.inductor_counts_only)
     names = checked(parse_list(args.models), ALL_MODELS, 'model') \
         if inference else []
     fb = parse_list(args.fwdbwd_models)
@@ -522,7 +546,8 @@ def main(argv=None) -> dict:
         if inference else []
     scaling_names = checked(parse_list(args.scaling_models), ALL_MODELS,
                             'model') if scaling_sizes else []
-    cases = [] if (args.gpu_proxy_only or args.compile_only) else \
+    cases = [] if (args.gpu_proxy_only or args.compile_only or
+                   args.inductor_counts_only) else \
         training_cases(args)
     compile_shape = parse_size_arg(args.compile_shape, 'BxHxW',
                                    'compile shape') \
@@ -533,6 +558,12 @@ def main(argv=None) -> dict:
         if args.gpu_proxy or args.gpu_proxy_only else []
     proxy_names = checked(parse_list(args.gpu_proxy_models), ALL_MODELS,
                           'GPU-proxy model') if proxy_steps else []
+    counted_steps = parse_proxy_steps(args.inductor_counts_steps,
+                                      '--inductor-counts-steps') \
+        if args.inductor_counts or args.inductor_counts_only else []
+    counted_names = checked(parse_list(args.inductor_counts_models),
+                            ALL_MODELS, 'inductor-counts model') \
+        if counted_steps else []
     train_memory = args.train_memory if args.train_memory != 'auto' else (
         'none' if args.keep_freed_memory else
         'inprocess' if device.type == 'cuda' else 'fresh')
@@ -639,6 +670,14 @@ def main(argv=None) -> dict:
         report['compile'] = run_compiled(
             compile_shape, compile_sizes, device, args.compile_backend, 1,
             args.compile_repeats, args.seed, posmlp_arch, start)
+
+    if counted_steps:
+        models = build_models(counted_names, posmlp_arch, args.seed)
+        report['inductor_counts'] = run_inductor_counts(
+            models, counted_steps, args.seed,
+            log=lambda text: log(text, start))
+        del models
+        gc.collect()
 
     calibs.append(matmul_calibration(device, calib_n))
     peak = max(c['gflops'] for c in calibs)

@@ -1,0 +1,61 @@
+"""benchmarks.inductor_counts: the kernels and bytes inductor reports for a
+compiled step, read from its metrics log (no timing)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from benchmarks.inductor_counts import (_METRICS_LOGGER, count_compiled_step,
+                                        inductor_counts_markdown)
+
+
+class _Chain(nn.Module):
+    """A matmul-like projection (1x1 conv) then a chain of elementwise
+    operations that inductor fuses into few kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Conv2d(3, 8, 1)
+
+    def forward(self, x):
+        y = self.proj(x)
+        y = ((y * 2 + 1).relu() * 3 - y).sigmoid()
+        return (y,)
+
+
+def test_counts_fused_kernels_and_bytes_per_graph():
+    model = _Chain()
+    level = logging.getLogger(_METRICS_LOGGER).level
+    inference = count_compiled_step(model, 'inference', (1, 8, 8))
+    assert len(inference['graphs']) == 1
+    # the projection is an extern call; the six elementwise operations
+    # fuse into far fewer kernels than eager's one per operation
+    assert inference['extern_kernels'] >= 1
+    assert inference['kernels'] <= 4
+    # at least the input and the output are moved
+    assert inference['bytes_accessed'] >= (3 + 8) * 8 * 8 * 4
+    train = count_compiled_step(model, 'train', (2, 8, 8))
+    assert len(train['graphs']) == 2      # forward and backward
+    assert train['bytes_accessed'] > inference['bytes_accessed']
+    # the logger is left as it was, and the model as eval with no grads
+    assert logging.getLogger(_METRICS_LOGGER).level == level
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match='unknown mode'):
+        count_compiled_step(model, 'backward', (1, 8, 8))
+
+
+def test_markdown_sets_the_models_side_by_side():
+    rows = [dict(model=m, mode='inference', shape=[1, 64, 64],
+                 eager=dict(ops=ops, bytes_written=2e9), kernels=k,
+                 extern_kernels=1, bytes_accessed=b, graphs=[{}])
+            for m, ops, k, b in (('posmlp_t', 300, 90, 3e9),
+                                 ('swin_t', 400, 120, 2e9))]
+    text = '\n'.join(inductor_counts_markdown(
+        dict(inductor_counts=dict(device='cpu', torch='x', rows=rows))))
+    assert '| inference 1x3x64x64 | PosMLP-T | 300 | 2.000 | 90 (1) | 3.000 |' \
+        in text
+    assert '| inference 1x3x64x64 | 0.75 | 1.00 | 0.75 | 1.50 |' in text
+    assert inductor_counts_markdown({}) == []
