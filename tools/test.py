@@ -20,7 +20,8 @@ def parse_args():
     parser.add_argument('config', help='mmdet or mmseg config file')
     parser.add_argument('checkpoint', nargs='?', default=None,
                         help="checkpoint to evaluate (omit to evaluate the "
-                        "config's freshly initialized model)")
+                        "config's model initialized as training starts it: "
+                        "its init_cfg, e.g. a pretrained backbone)")
     parser.add_argument('--work-dir', help='where logs go')
     parser.add_argument('--out', help='write the metrics to this JSON file')
     parser.add_argument('--show-dir', help='save pictures of the '
@@ -43,6 +44,8 @@ def main():
     if args.show_dir:
         launch.enable_visualization(cfg, osp.abspath(args.show_dir))
     runner = launch.build_runner(cfg)
+    if args.checkpoint is None:  # the model as training would start it
+        launch.initialize_like_training(runner)
     metrics = runner.test()
     if runner.rank == 0:
         text = json.dumps({k: float(v) for k, v in metrics.items()}, indent=2)

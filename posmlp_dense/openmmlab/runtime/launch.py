@@ -133,3 +133,23 @@ def build_runner(cfg: Config):
     if 'runner_type' in cfg:
         return RUNNERS.build(cfg)
     return Runner.from_cfg(cfg)
+
+
+def initialize_like_training(runner):
+    """Give the runner's model the weights its training starts from.
+
+    mmengine's ``Runner.train`` runs the model's ``init_weights`` (the
+    config's ``init_cfg``: a pretrained backbone, a detection head's prior
+    bias) but ``Runner.test`` does not, so a model evaluated without a
+    checkpoint would otherwise keep PyTorch's default initialization: a
+    RetinaNet head then scores every anchor near 0.5 instead of its prior
+    0.01, and the backbone is not the pretrained one.
+    """
+    from mmengine.model import is_model_wrapper
+    from mmengine.dist import broadcast
+    model = runner.model
+    if is_model_wrapper(model):
+        model = model.module
+    model.init_weights()
+    for tensor in model.state_dict().values():  # as Runner.train: rank 0's
+        broadcast(tensor)
