@@ -34,7 +34,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .shape_classes import write_balanced_image_folders
+from .shape_classes import check_set_sizes, write_balanced_image_folders
 from .shapes import (_background, _jpeg_bytes, _pick_colour, _polygon,
                      _rasterize, _read_manifest)
 
@@ -131,16 +131,9 @@ def _image(seed: int, split: int, index: int, size: int,
 
 
 def _check_params(num_train, num_val, image_size, size_range, margin):
-    size = int(image_size)
-    if size < 32:
-        raise ValueError(f'image_size {image_size} is too small (min 32)')
-    if int(num_train) < 0 or int(num_val) < 0:
-        raise ValueError('image counts must not be negative')
-    lo, hi = (float(v) for v in size_range)
-    if not 0.05 <= lo <= hi <= 0.4:
-        raise ValueError(f'bad size_range {size_range}: need '
-                         f'0.05 <= min <= max <= 0.4 (two shapes must fit '
-                         f'side by side)')
+    size, lo, hi = check_set_sizes(num_train, num_val, image_size,
+                                   size_range, max_shape=0.4,
+                                   why='two shapes must fit side by side')
     if not 0.0 <= float(margin) < 45.0:
         raise ValueError(f'margin {margin} must be in [0, 45) degrees')
     return dict(seed=None, num_train=int(num_train), num_val=int(num_val),

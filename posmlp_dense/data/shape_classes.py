@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Sequence
+from typing import Sequence, Tuple
 
 import numpy as np
 
@@ -65,6 +65,25 @@ def _draw(seed: int, split: int, index: int, size: int,
                        f'{_MAX_DRAWS} tries')  # probability ~ (2/3)**200
 
 
+def check_set_sizes(num_train, num_val, image_size, size_range,
+                    max_shape: float, why: str = '') -> Tuple[int, float, float]:
+    """(image size, smallest and largest shape fraction) of a built-in
+    classification set, checked: images of at least 32 pixels, no negative
+    count, 0.05 <= min <= max <= ``max_shape`` (``why``: the reason for
+    that bound, added to its error)."""
+    size = int(image_size)
+    if size < 32:
+        raise ValueError(f'image_size {image_size} is too small (min 32)')
+    if int(num_train) < 0 or int(num_val) < 0:
+        raise ValueError('image counts must not be negative')
+    lo, hi = (float(v) for v in size_range)
+    if not 0.05 <= lo <= hi <= max_shape:
+        raise ValueError(f'bad size_range {size_range}: need '
+                         f'0.05 <= min <= max <= {max_shape:g}'
+                         + (f' ({why})' if why else ''))
+    return size, lo, hi
+
+
 def make_classification_set(root: str, num_train: int = 900,
                             num_val: int = 150,
                             image_size: int = DEFAULT_IMAGE_SIZE,
@@ -78,15 +97,8 @@ def make_classification_set(root: str, num_train: int = 900,
     ``val_per_class``), ``reused`` and ``seconds``.
     """
     start = time.perf_counter()
-    size = int(image_size)
-    if size < 32:
-        raise ValueError(f'image_size {image_size} is too small (min 32)')
-    if int(num_train) < 0 or int(num_val) < 0:
-        raise ValueError('image counts must not be negative')
-    lo, hi = (float(v) for v in size_range)
-    if not 0.05 <= lo <= hi <= 0.9:
-        raise ValueError(f'bad size_range {size_range}: need '
-                         f'0.05 <= min <= max <= 0.9')
+    size, lo, hi = check_set_sizes(num_train, num_val, image_size,
+                                   size_range, max_shape=0.9)
     params = dict(seed=int(seed), num_train=int(num_train),
                   num_val=int(num_val), image_size=size,
                   size_range=[lo, hi])
