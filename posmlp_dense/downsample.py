@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .conv_function import conv2d
+
 
 class ConvDownsample(nn.Module):
     """Grouped conv3x3/2 (groups = input width) then LayerNorm over channels.
@@ -21,8 +23,12 @@ class ConvDownsample(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (B, H, W, C) viewed as NCHW with channels-last strides: the conv
-        # reads it without a copy and writes channels-last
-        return self.norm(self.conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
+        # reads it without a copy and writes channels-last. conv2d
+        # (conv_function.py): a backward that compiles at every size.
+        conv = self.conv
+        y = conv2d(x.permute(0, 3, 1, 2), conv.weight, conv.bias,
+                   conv.stride[0], conv.padding[0], conv.groups)
+        return self.norm(y.permute(0, 2, 3, 1))
 
     @staticmethod
     def output_size(height, width):

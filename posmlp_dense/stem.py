@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .conv_function import conv2d
+
 
 class ConvStem(nn.Module):
     """conv3x3/2 -> BN -> GELU -> conv3x3/2 -> BN -> GELU -> conv1x1 -> BN.
@@ -34,10 +36,16 @@ class ConvStem(nn.Module):
         if not (isinstance(x, torch.Tensor) and x.device.type == 'cpu'
                 and torch.is_grad_enabled() and self.training):
             x = x.contiguous(memory_format=torch.channels_last)
-        x = self.act(self.norms[0](self.projs[0](x)))
-        x = self.act(self.norms[1](self.projs[1](x)))
-        x = self.norms[2](self.projs[2](x))
+        x = self.act(self.norms[0](self._conv(0, x)))
+        x = self.act(self.norms[1](self._conv(1, x)))
+        x = self.norms[2](self._conv(2, x))
         return x.permute(0, 2, 3, 1)
+
+    def _conv(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        # conv_function.conv2d: a backward that compiles at every size
+        proj = self.projs[i]
+        return conv2d(x, proj.weight, proj.bias, proj.stride[0],
+                      proj.padding[0], proj.groups)
 
     @staticmethod
     def output_size(height, width):

@@ -1,0 +1,148 @@
+"""The convolutions of the stem and the downsamplings, as a training step
+records them: opaque operators, so that a compiled step serves every size.
+
+``conv2d`` computes ``F.conv2d``. Where autograd records it (grad mode on
+and a gradient wanted), it runs as the operator ``posmlp_dense::conv2d``,
+whose backward is ``posmlp_dense::conv2d_input_grad`` and
+``posmlp_dense::conv2d_weight_grad``: aten's ``convolution_backward``, the
+kernel autograd itself runs. Elsewhere (inference, ``torch.export``, ONNX)
+it is ``F.conv2d`` itself.
+
+Why: torch's inductor compiles a graph that holds ``aten.convolution`` and
+its backward for one map size only (torch 2.14.1), so a compiled training
+step compiled again at every new input size:
+
+* on a CPU, ``GraphLowering.decide_layout_opt`` turns layout optimization
+  on for any graph with a convolution, and the backward then receives
+  tensors laid out with integer strides of the first size, which its
+  elementwise ops guard on;
+* everywhere, ``convolution_backward_lowering`` (``_inductor/kernel/
+  conv.py``) fixes the input gradient's strides as integers
+  (``guard_int_seq``).
+
+Inductor runs an opaque operator as it is, with the sizes and strides
+its fake implementation (the same ``F.conv2d`` on fake tensors) gives, and
+never lowers a convolution of a training step. Inference keeps
+``aten.convolution``, which inductor compiles once for all sizes.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: int,
+           padding: int, groups: int = 1) -> Tensor:
+    """``F.conv2d(x, weight, bias, stride, padding, groups=groups)``
+    (dilation 1); through ``posmlp_dense::conv2d`` where a training step
+    records it."""
+    if not _records_training_step(x, weight):
+        return F.conv2d(x, weight, bias, stride, padding, groups=groups)
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        # autocast does not see inside an operator: cast as it casts a
+        # convolution (to its lower precision)
+        dtype = torch.get_autocast_dtype(device)
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    return _conv2d(x, weight, bias, stride, padding, groups)
+
+
+def _records_training_step(x, weight) -> bool:
+    """Autograd records this convolution for a backward (eagerly or under
+    torch.compile). Exporters (torch.export, and so ONNX; FX tracing)
+    get aten's convolution, which they know."""
+    if not (isinstance(x, Tensor) and isinstance(weight, Tensor)):
+        return False  # FX tracing
+    if torch.compiler.is_exporting():
+        return False
+    return torch.is_grad_enabled() and (x.requires_grad
+                                        or weight.requires_grad)
+
+
+@torch.library.custom_op('posmlp_dense::conv2d', mutates_args=())
+def _conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: int,
+            padding: int, groups: int) -> Tensor:
+    y = F.conv2d(x, weight, bias, stride, padding, groups=groups)
+    return y.contiguous(memory_format=_output_format(x))
+
+
+@_conv2d.register_fake
+def _conv2d_fake(x, weight, bias, stride, padding, groups):
+    height, width = (
+        (size + 2 * padding - kernel) // stride + 1
+        for size, kernel in zip(x.shape[2:], weight.shape[2:]))
+    return torch.empty((x.shape[0], weight.shape[0], height, width),
+                       dtype=x.dtype, device=x.device,
+                       memory_format=_output_format(x))
+
+
+def _output_format(x: Tensor) -> torch.memory_format:
+    """The output's layout follows the input's. (aten's own choice also
+    depends on a CPU backend's size threshold, which fixes sizes.) It is
+    what the convolution writes anyway but for the smallest maps on a CPU,
+    which it copies."""
+    if x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+@torch.library.custom_op('posmlp_dense::conv2d_input_grad', mutates_args=())
+def _conv2d_input_grad(grad: Tensor, x: Tensor, weight: Tensor, stride: int,
+                       padding: int, groups: int) -> Tensor:
+    grad_x = torch.ops.aten.convolution_backward(
+        grad, x, weight, None, [stride] * 2, [padding] * 2, [1, 1], False,
+        [0, 0], groups, [True, False, False])[0]
+    return _in_layout_of(grad_x, x)
+
+
+@_conv2d_input_grad.register_fake
+def _conv2d_input_grad_fake(grad, x, weight, stride, padding, groups):
+    return x.new_empty_strided(x.shape, x.stride())
+
+
+@torch.library.custom_op('posmlp_dense::conv2d_weight_grad', mutates_args=())
+def _conv2d_weight_grad(grad: Tensor, x: Tensor, weight: Tensor, stride: int,
+                        padding: int, groups: int) -> Tensor:
+    grad_w = torch.ops.aten.convolution_backward(
+        grad, x, weight, None, [stride] * 2, [padding] * 2, [1, 1], False,
+        [0, 0], groups, [False, True, False])[1]
+    return _in_layout_of(grad_w, weight)
+
+
+@_conv2d_weight_grad.register_fake
+def _conv2d_weight_grad_fake(grad, x, weight, stride, padding, groups):
+    return weight.new_empty_strided(weight.shape, weight.stride())
+
+
+def _in_layout_of(tensor: Tensor, like: Tensor) -> Tensor:
+    """``tensor`` with the strides of ``like`` (what the fake
+    implementations promise); a copy only where they differ."""
+    if tensor.stride() == like.stride():
+        return tensor
+    return like.new_empty_strided(like.shape, like.stride()).copy_(tensor)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, stride, padding, groups = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.conf = (stride, padding, groups)
+
+
+def _backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    grad_x = grad_w = grad_b = None
+    if need_x:
+        grad_x = _conv2d_input_grad(grad, x, weight, *ctx.conf)
+    if need_w:
+        grad_w = _conv2d_weight_grad(grad, x, weight, *ctx.conf)
+    if need_b:
+        grad_b = grad.sum((0, 2, 3))
+    return grad_x, grad_w, grad_b, None, None, None
+
+
+_conv2d.register_autograd(_backward, setup_context=_setup_context)

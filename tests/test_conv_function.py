@@ -1,0 +1,92 @@
+"""conv_function.conv2d: aten's convolution, with the same outputs,
+gradients and layouts, recorded as an opaque operator only where a training
+step records it."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posmlp_dense.conv_function import conv2d
+
+# (in, out, kernel, stride, padding, groups): the stem's three convolutions
+# and the depthwise downsampling with two outputs per channel
+CONVS = ((3, 8, 3, 2, 1, 1), (8, 16, 3, 2, 1, 1), (16, 16, 1, 1, 0, 1),
+         (16, 32, 3, 2, 1, 16))
+
+
+@pytest.mark.parametrize('conv', CONVS)
+@pytest.mark.parametrize('size', [(9, 10), (12, 7), (1, 1)])
+@pytest.mark.parametrize('channels_last', [False, True])
+def test_outputs_gradients_and_layouts_are_atens(conv, size, channels_last):
+    cin, cout, k, stride, padding, groups = conv
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, cin, *size, generator=gen, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(cout, cin // groups, k, k, generator=gen,
+                    dtype=torch.float64)
+    b = torch.randn(cout, generator=gen, dtype=torch.float64)
+    results = []
+    for fn in (conv2d, F.conv2d):
+        # clone keeps the input's layout
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        y = fn(*leaves, stride, padding, groups=groups)
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1),
+                         dtype=y.dtype)
+        y.backward(dy)
+        results.append((y, *(t.grad for t in leaves)))
+    for ours, ref, name in zip(*results, ('y', 'dx', 'dw', 'db')):
+        torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12,
+                                   msg=name)
+        if ref.shape[2:].numel() > 1:  # size-1 dims have no defined stride
+            assert ours.stride() == ref.stride(), name
+
+
+def test_a_training_step_records_the_operator_and_inference_does_not():
+    """The operator only where autograd records a backward: with grad off,
+    with nothing to differentiate, or under torch.export, the graph holds
+    aten's convolution."""
+    x = torch.randn(1, 4, 8, 8)
+    w = torch.randn(8, 1, 3, 3, requires_grad=True)
+
+    def ops(fn, *args):
+        gm = torch.fx.experimental.proxy_tensor.make_fx(fn)(*args)
+        return {str(n.target) for n in gm.graph.nodes
+                if n.op == 'call_function'}
+
+    def step(x, w):
+        return conv2d(x, w, None, 2, 1, 4)
+
+    assert 'posmlp_dense.conv2d.default' in ops(step, x, w)
+    with torch.no_grad():
+        assert 'posmlp_dense.conv2d.default' not in ops(step, x, w)
+    assert 'posmlp_dense.conv2d.default' not in ops(step, x, w.detach())
+
+    class Conv(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(w.detach().clone())
+
+        def forward(self, x):
+            return conv2d(x, self.w, None, 2, 1, 4)
+
+    exported = torch.export.export(Conv(), (x,))
+    targets = {str(n.target) for n in exported.graph.nodes}
+    assert 'aten.conv2d.default' in targets, targets
+
+
+def test_autocast_runs_it_in_the_autocast_dtype():
+    """Autocast cannot see inside an operator; the wrapper casts as
+    autocast casts a convolution, and each gradient comes back in its
+    input's dtype."""
+    x = torch.randn(1, 4, 9, 9, requires_grad=True)
+    w = torch.randn(8, 1, 3, 3, requires_grad=True)
+    b = torch.randn(8, requires_grad=True)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        y = conv2d(x, w, b, 2, 1, 4)
+        ref = F.conv2d(x, w, b, 2, 1, groups=4)
+    assert y.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(y, ref)
+    y.float().sum().backward()
+    assert (x.grad.dtype, w.grad.dtype, b.grad.dtype) == (torch.float32,) * 3
