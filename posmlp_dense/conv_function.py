@@ -20,10 +20,10 @@ step compiled again at every new input size:
   conv.py``) fixes the input gradient's strides as integers
   (``guard_int_seq``).
 
-Inductor runs an opaque operator as it is, with the sizes and strides
-its fake implementation (the same ``F.conv2d`` on fake tensors) gives, and
-never lowers a convolution of a training step. Inference keeps
-``aten.convolution``, which inductor compiles once for all sizes.
+Inductor runs an opaque operator as it is, with the sizes and strides its
+fake implementation gives (the output size formula, in the input's
+layout), and never lowers a convolution of a training step. Inference
+keeps ``aten.convolution``, which inductor compiles once for all sizes.
 """
 from __future__ import annotations
 
@@ -81,10 +81,9 @@ def _conv2d_fake(x, weight, bias, stride, padding, groups):
 
 
 def _output_format(x: Tensor) -> torch.memory_format:
-    """The output's layout follows the input's. (aten's own choice also
-    depends on a CPU backend's size threshold, which fixes sizes.) It is
-    what the convolution writes anyway but for the smallest maps on a CPU,
-    which it copies."""
+    """The output's layout: the input's. (aten's own choice also depends
+    on a CPU backend's size threshold, C * H * W > 20480, on which tracing
+    would guard; where aten chose another layout, _conv2d copies.)"""
     if x.is_contiguous(memory_format=torch.channels_last):
         return torch.channels_last
     return torch.contiguous_format

@@ -150,6 +150,42 @@ def test_optimizer_groups_exempt_positional_parameters_from_decay():
     assert decay['backbone.levels.0.encoder.0.proj_c_e.weight'] == 0.05
 
 
+@pytest.mark.parametrize('constructor', [
+    'PlainGroupsOptimWrapperConstructor', 'DefaultOptimWrapperConstructor'])
+def test_shipped_parameter_groups_let_dynamo_trace_the_optimizer_step(
+        constructor):
+    """The shipped schedules' constructor gives mmengine's groups as plain
+    dicts, so that a compiled train_step (a config's compile=True) traces
+    the optimizer step; mmengine's own constructor, with the same
+    paramwise_cfg, gives ConfigDicts, at which dynamo stops (torch
+    2.14.1)."""
+    from mmengine.optim import build_optim_wrapper
+    import posmlp_dense.openmmlab.runtime  # noqa: F401  (registers)
+    cfg = Config.fromfile(DEMO_DET)
+    assert cfg.optim_wrapper.constructor == \
+        'PlainGroupsOptimWrapperConstructor'
+    cfg.optim_wrapper.constructor = constructor
+    model = _models_registry(cfg).build(cfg.model)
+    optimizer = build_optim_wrapper(model, cfg.optim_wrapper).optimizer
+    reference = build_optim_wrapper(model, dict(
+        cfg.optim_wrapper, constructor='DefaultOptimWrapperConstructor')
+        ).optimizer.param_groups
+    groups = optimizer.param_groups
+    assert [{k: v for k, v in g.items() if k != 'params'} for g in groups] \
+        == [{k: v for k, v in g.items() if k != 'params'} for g in reference]
+    assert [g['params'] for g in groups] == [g['params'] for g in reference]
+
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    torch._dynamo.reset()
+    step = torch.compile(optimizer.step, backend='eager')
+    if constructor == 'PlainGroupsOptimWrapperConstructor':
+        step()
+    else:
+        with pytest.raises(Exception, match='UserDefinedDictVariable'):
+            step()
+
+
 def test_init_cfg_loads_every_weight_of_a_released_checkpoint():
     cfg = Config.fromfile(DEMO_DET)  # same tiny arch as the fixtures
     cfg.model.backbone.init_cfg = dict(

@@ -13,7 +13,10 @@ registers, the OpenMMLab way, what makes runs robust:
   files;
 * ``CPUCompatibleDDP``, the model wrapper for distributed runs on CPUs
   (gloo);
-* the forwarding of the package's log records into the run's log.
+* the forwarding of the package's log records into the run's log;
+* ``PlainGroupsOptimWrapperConstructor``, mmengine's optimizer constructor
+  with parameter groups that torch.compile can trace (configs name it in
+  ``optim_wrapper.constructor``).
 
 Everything goes through mmengine's own registration points (registries,
 ``register_backend``, ``CheckpointLoader.register_scheme``); no module global
@@ -22,8 +25,10 @@ of mmengine or any other library is replaced.
 from .atomic_backend import BACKEND_NAME, AtomicLocalBackend
 from .checkpoint_hook import AtomicCheckpointHook
 from .cpu_ddp import CPUCompatibleDDP
+from .param_groups import PlainGroupsOptimWrapperConstructor
 from .run_log import RunLogHandler
 from .safe_checkpoints import load_from_local_weights_only
 
 __all__ = ['AtomicLocalBackend', 'AtomicCheckpointHook', 'BACKEND_NAME',
-           'CPUCompatibleDDP', 'RunLogHandler', 'load_from_local_weights_only']
+           'CPUCompatibleDDP', 'PlainGroupsOptimWrapperConstructor',
+           'RunLogHandler', 'load_from_local_weights_only']
