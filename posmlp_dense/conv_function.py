@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils import flop_counter
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: int,
@@ -145,3 +146,38 @@ def _backward(ctx, grad):
 
 
 _conv2d.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _refuse_double_backward(ctx, *grads):
+    raise RuntimeError(
+        'posmlp_dense::conv2d cannot differentiate twice: its gradient '
+        'operators have no backward of their own (as the lean blocks, '
+        'block_function.py, have none)')
+
+
+_conv2d_input_grad.register_autograd(_refuse_double_backward)
+_conv2d_weight_grad.register_autograd(_refuse_double_backward)
+
+
+# torch's FlopCounterMode counts the operators as it counts aten's
+# convolution and its backward
+@flop_counter.register_flop_formula(torch.ops.posmlp_dense.conv2d)
+def _conv2d_flops(x_shape, w_shape, bias_shape, stride, padding, groups, *,
+                  out_shape, **kwargs) -> int:
+    return flop_counter.conv_flop_count(x_shape, w_shape, out_shape)
+
+
+@flop_counter.register_flop_formula(torch.ops.posmlp_dense.conv2d_input_grad)
+def _conv2d_input_grad_flops(grad_shape, x_shape, w_shape, stride, padding,
+                             groups, *, out_shape, **kwargs) -> int:
+    return flop_counter.conv_flop_count(grad_shape, w_shape, out_shape,
+                                        transposed=True)
+
+
+@flop_counter.register_flop_formula(torch.ops.posmlp_dense.conv2d_weight_grad)
+def _conv2d_weight_grad_flops(grad_shape, x_shape, w_shape, stride, padding,
+                              groups, *, out_shape, **kwargs) -> int:
+    def swap(shape):  # the weight gradient: a convolution of x by grad
+        return [shape[1], shape[0], *shape[2:]]
+    return flop_counter.conv_flop_count(swap(x_shape), swap(grad_shape),
+                                        swap(out_shape))

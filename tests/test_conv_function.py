@@ -90,3 +90,20 @@ def test_autocast_runs_it_in_the_autocast_dtype():
     torch.testing.assert_close(y, ref)
     y.float().sum().backward()
     assert (x.grad.dtype, w.grad.dtype, b.grad.dtype) == (torch.float32,) * 3
+
+
+@pytest.mark.parametrize('conv', CONVS)
+def test_flop_counter_counts_it_as_atens(conv):
+    """torch's FlopCounterMode (the benchmark's and the published-model
+    test's FLOPs) counts the operator and its backward as aten's
+    convolution and convolution_backward."""
+    from torch.utils.flop_counter import FlopCounterMode
+    cin, cout, k, stride, padding, groups = conv
+    totals = []
+    for fn in (conv2d, F.conv2d):
+        x = torch.randn(2, cin, 13, 10, requires_grad=True)
+        w = torch.randn(cout, cin // groups, k, k, requires_grad=True)
+        with FlopCounterMode(display=False) as counter:
+            fn(x, w, None, stride, padding, groups=groups).sum().backward()
+        totals.append(counter.get_total_flops())
+    assert totals[0] == totals[1] > 0
