@@ -106,7 +106,9 @@ def _recompiles_by_function(log_lines):
     for line in log_lines:
         if 'Recompiling function' in line:
             function = line.split('Recompiling function ', 1)[1]
-            counts[function.splitlines()[0].strip()] += 1
+            # 'fn in /.../site-packages/pkg/x.py:12' -> 'fn in pkg/x.py:12'
+            name, _, path = function.splitlines()[0].strip().partition(' in ')
+            counts[f"{name} in {path.split('site-packages/')[-1]}"] += 1
     return dict(counts.most_common())
 
 

@@ -90,13 +90,20 @@ def _output_format(x: Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
+def _convolution_backward(grad, x, weight, stride, padding, groups, which):
+    """aten's convolution_backward asked for one gradient (0: the input's,
+    1: the weight's)."""
+    mask = [which == 0, which == 1, False]
+    return torch.ops.aten.convolution_backward(
+        grad, x, weight, None, [stride] * 2, [padding] * 2, [1, 1], False,
+        [0, 0], groups, mask)[which]
+
+
 @torch.library.custom_op('posmlp_dense::conv2d_input_grad', mutates_args=())
 def _conv2d_input_grad(grad: Tensor, x: Tensor, weight: Tensor, stride: int,
                        padding: int, groups: int) -> Tensor:
-    grad_x = torch.ops.aten.convolution_backward(
-        grad, x, weight, None, [stride] * 2, [padding] * 2, [1, 1], False,
-        [0, 0], groups, [True, False, False])[0]
-    return _in_layout_of(grad_x, x)
+    return _in_layout_of(
+        _convolution_backward(grad, x, weight, stride, padding, groups, 0), x)
 
 
 @_conv2d_input_grad.register_fake
@@ -107,10 +114,9 @@ def _conv2d_input_grad_fake(grad, x, weight, stride, padding, groups):
 @torch.library.custom_op('posmlp_dense::conv2d_weight_grad', mutates_args=())
 def _conv2d_weight_grad(grad: Tensor, x: Tensor, weight: Tensor, stride: int,
                         padding: int, groups: int) -> Tensor:
-    grad_w = torch.ops.aten.convolution_backward(
-        grad, x, weight, None, [stride] * 2, [padding] * 2, [1, 1], False,
-        [0, 0], groups, [False, True, False])[1]
-    return _in_layout_of(grad_w, weight)
+    return _in_layout_of(
+        _convolution_backward(grad, x, weight, stride, padding, groups, 1),
+        weight)
 
 
 @_conv2d_weight_grad.register_fake
