@@ -72,6 +72,21 @@ def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+def pytest_addoption(parser):
+    parser.addoption('--slow', action='store_true',
+                     help='also run the tests marked slow (each tens of '
+                          'minutes on a 2-core CPU)')
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption('--slow'):
+        return
+    skip = pytest.mark.skip(reason='slow: run with pytest --slow')
+    for item in items:
+        if 'slow' in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
