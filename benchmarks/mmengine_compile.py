@@ -41,11 +41,19 @@ SCALES = [(256, 192), (288, 224), (320, 240), (224, 160), (352, 256),
 class CountingBackend:
     """A torch.compile backend that notes each graph dynamo hands it
     (whether it holds backbone operations) and compiles it with
-    ``backend``."""
+    ``backend``.
+
+    Dynamo may trace a frame again after handing a graph over: under
+    ``dynamic=True`` a module's float attributes (a norm's ``eps``) become
+    symbols, and torch restarts the analysis to specialize them
+    (``fx/passes/_tensorify_python_scalars.py``). The later attempt's graph
+    replaces the abandoned one, which never runs; ``abandoned`` keeps
+    those."""
 
     def __init__(self, backend: str):
         self.backend = backend
         self.graphs = []
+        self.abandoned = []
 
     def __call__(self, gm, example_inputs):
         # module paths as dynamo writes them: "L['self'].backbone.levels..."
@@ -53,8 +61,16 @@ class CountingBackend:
             path.split('.')[1] for node in gm.graph.nodes
             for path, _ in node.meta.get('nn_module_stack', {}).values()
             if '.' in path})
-        self.graphs.append(dict(modules=modules, nodes=len(gm.graph.nodes),
-                                backbone='backbone' in modules))
+        trace = torch._guards.CompileContext.current_trace_id()
+        frame = str(trace.compile_id) if trace else None
+        graph = dict(modules=modules, nodes=len(gm.graph.nodes),
+                     backbone='backbone' in modules, frame=frame,
+                     attempt=trace.attempt if trace else 0)
+        for i, earlier in enumerate(self.graphs):
+            if frame is not None and earlier['frame'] == frame:
+                self.abandoned.append(self.graphs.pop(i))
+                break
+        self.graphs.append(graph)
         return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
 
 
@@ -158,6 +174,7 @@ def run(form: str, backend: str, iters: int) -> dict:
         graphs=len(counting.graphs),
         backbone_graphs=sum(g['backbone'] for g in counting.graphs),
         graph_modules=[g['modules'] for g in counting.graphs],
+        abandoned_graph_modules=[g['modules'] for g in counting.abandoned],
         graphs_after_each_iteration=compiled.graphs,
         graph_breaks=sum(counters['graph_break'].values()),
         recompiles_by_function=_recompiles_by_function(lines),
@@ -175,9 +192,10 @@ def render(results) -> str:
     """The doc section: one row per run."""
     rows = ['| `compile` | iterations (padded sizes) | graphs (graph breaks) '
             '| graphs holding the backbone: iteration 1, later | '
+            'traces abandoned by a restart (holding the backbone) | '
             'recompilations, by file | first iteration\'s losses against '
             'eager\'s | compiled run |',
-            '|---|---|---|---|---|---|---|']
+            '|---|---|---|---|---|---|---|---|']
     for r in results:
         if r['form'] == 'dict':
             form = f"`dict(backend='{r['backend']}', dynamic=True)`"
@@ -195,16 +213,24 @@ def render(results) -> str:
         for function, n in r['recompiles_by_function'].items():
             files[_where(function)] += n
         recompiles = ', '.join(f'{f} {n}' for f, n in files.most_common())
+        abandoned = r.get('abandoned_graph_modules')
+        abandoned = '-' if abandoned is None else (
+            f"{len(abandoned)} ({sum('backbone' in m for m in abandoned)})")
         rows.append(
             f"| {form} | {r['iters']} ({len(sizes)} sizes) | {r['graphs']} "
-            f"({r['graph_breaks']}) | {first}, {later} | {recompiles} | "
+            f"({r['graph_breaks']}) | {first}, {later} | {abandoned} | "
+            f"{recompiles} | "
             f"{r['first_loss_max_relative_difference']:.1e} | "
             f"{r['compiled_run_seconds']:.0f} s |")
     r = results[0]
     return ('\n'.join(rows) + '\n\n'
             f"torch {r['torch']}, {r['config']}, two images per iteration. "
             'A graph holds the backbone where one of its nodes comes from a '
-            'module under `backbone`.\n')
+            'module under `backbone`. A trace abandoned by a restart is a '
+            'graph dynamo handed to the backend and then traced again (under '
+            '`dynamic=True`, to specialize float attributes such as a norm\'s '
+            '`eps`); it never runs, and the graph that replaced it is '
+            'counted.\n')
 
 
 def main(argv=None):

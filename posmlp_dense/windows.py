@@ -94,11 +94,14 @@ class WindowGrid:
         if self.gathers:
             # (the views below only merge dimensions, or split off N: a
             # dimension of bare window count would make the tracer guard
-            # on whether it is 1)
+            # on whether it is 1; and the copy keeps B as a dimension of
+            # its own, so that no view of it has the result's rank, whose
+            # last size inductor's pointless-view pass would compare with
+            # windows * N, guarding on whether a sample has one window)
             source, real, _ = self._gather_indices(t.device)
             flat = t.reshape(K, B, self.height * self.width)
             picked = flat.index_select(2, source) * real.to(t.dtype)
-            picked = picked.view(K // groups, groups, -1).transpose(0, 1)
+            picked = picked.view(K // groups, groups, B, -1).transpose(0, 1)
             return picked.contiguous().view(groups, -1).view(groups, -1,
                                                              wh * ww)
         shape = (groups, K // groups, B, self.padded_tokens)

@@ -101,6 +101,31 @@ def test_training_step_graph_serves_every_size(batch, dynamic, graphs):
     _check_training_compiles_once('aot_eager', batch, dynamic, graphs)
 
 
+def _inductor_graph_passes():
+    """A backend with inductor's decompositions and joint-graph passes
+    (pattern rewrites, partition) but no code generation: the guards those
+    passes add, in seconds rather than the minutes of inductor's C++."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+    return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop,
+                        partition_fn=partition_fn,
+                        decompositions=select_decomp_table())
+
+
+@pytest.mark.parametrize('batch, dynamic, graphs', [
+    (1, True, 1), (2, True, 1), (1, None, 2), (2, None, 2)])
+def test_inductor_graph_passes_add_no_size_guard(batch, dynamic, graphs):
+    """Inductor's joint-graph passes on the training step guard on no
+    size: e.g. its pointless-view pass once compared a window layout's
+    windows * N with N, which recompiled at batch 1 for an input with one
+    window at a level (the fourth size). In float64, as the inductor case
+    below: its decompositions change the summation order."""
+    _check_training_compiles_once(_inductor_graph_passes(), batch, dynamic,
+                                  graphs, torch.float64)
+
+
 @pytest.mark.parametrize('batch, dynamic, graphs', [
     (2, True, 1),
     pytest.param(1, True, 1, marks=pytest.mark.slow),
