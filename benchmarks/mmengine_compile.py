@@ -228,9 +228,9 @@ def render(results) -> str:
             'A graph holds the backbone where one of its nodes comes from a '
             'module under `backbone`. A trace abandoned by a restart is a '
             'graph dynamo handed to the backend and then traced again (under '
-            '`dynamic=True`, to specialize float attributes such as a norm\'s '
-            '`eps`); it never runs, and the graph that replaced it is '
-            'counted.\n')
+            '`dynamic=True`, for one, to specialize float attributes such as '
+            'a norm\'s `eps`); it never runs, and the graph that replaced it '
+            'is counted.\n')
 
 
 def main(argv=None):

@@ -140,10 +140,11 @@ def test_inductor_training_step_compiles_once(batch, dynamic, graphs):
     of order 1e-8, differs by 1.4e-4 (relative L2), as eager at one thread
     against eager at two differs by 6e-5.
 
-    Each case takes 15 to 30 minutes on a 2-core CPU, three quarters of it
-    in sympy.simplify called by inductor's C++ vectorization analysis
+    Each case takes 8 to 20 minutes on a 2-core CPU, most of it in
+    sympy.simplify called by inductor's C++ vectorization analysis
     (stride_at_vec_range; pytorch PR 186319 proposes to skip it), so the
     default run keeps batch 2 under dynamic=True and the rest need
-    ``pytest --slow``."""
+    ``pytest --slow``; the graph-pass test above covers all four in
+    seconds, short of code generation."""
     _check_training_compiles_once('inductor', batch, dynamic, graphs,
                                   torch.float64)
