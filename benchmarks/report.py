@@ -568,40 +568,75 @@ def gpu_proxy_markdown(report: dict, heading: str = '###') -> List[str]:
 
 def compiled_markdown(report: dict, heading: str = '###') -> List[str]:
     """The torch.compile section (benchmarks.compiled): PosMLP-T's training
-    step compiled with dynamic shapes, timed against eager, then run at
-    further sizes, which must not compile again."""
-    c = report.get('compile')
-    if not c:
+    step compiled for each case (batch, ``dynamic``), timed against eager,
+    then run at further sizes, which must not compile again (under
+    ``dynamic=None``, after the graph the first of them compiles)."""
+    cases = report.get('compile')
+    if not cases:
         return []
+    if isinstance(cases, dict):     # a JSON from before the cases
+        cases = [dict(cases, dynamic=cases.get('dynamic', True))]
     env = report.get('environment', {})
-    b, h, w = c['shape']
-    sizes = ', '.join(f'{sh}x{sw}' for sh, sw in c.get('other_sizes', []))
-    eager, compiled = c['eager_median_s'], c['compiled_median_s']
+    first = cases[0]
+    _, h, w = first['shape']
+    others = first.get('other_sizes', [])
+    sizes = ', '.join(f'{sh}x{sw}' for sh, sw in others)
+
+    def row(name, cell):
+        return f"| {name} | " + ' | '.join(cell(c) for c in cases) + ' |'
+
+    def recompiled(c):
+        at = [f"{'x'.join(map(str, size))} ({t:.1f} s)" for size, n, t in zip(
+            c['other_sizes'], c.get('other_size_new_graphs') or [],
+            c['other_size_first_call_s']) if n]
+        return ', '.join(at) or 'none'
+
+    def reused(c):
+        news = c.get('other_size_new_graphs') or [0] * len(c['other_sizes'])
+        times = [t for n, t in zip(news, c['other_size_first_call_s'])
+                 if not n]
+        return f'{max(times):.2f} s' if times else '-'
+
     lines = [
-        '', f"{heading} torch.compile: {c['label']} training step", '',
-        f"`torch.compile(model, backend='{c['backend']}', dynamic=True)` "
-        f"of {c['label']}'s training step (forward, the sum of the first half "
-        f"of every level's output channels, backward; no stochastic depth, "
-        f"fp32), with torch {env.get('torch', '?')} on "
+        '', f"{heading} torch.compile: {first['label']} training step", '',
+        f"`torch.compile(model, backend='{first['backend']}', dynamic=...)` "
+        f"of {first['label']}'s training step (forward, the sum of the first "
+        f"half of every level's output channels, backward; no stochastic "
+        f"depth, fp32), with torch {env.get('torch', '?')} on "
         f"{env.get('cuda_device') or env.get('cpu_model', '?')} "
         f"({env.get('threads', '?')} threads), at commit "
-        f"{(env.get('git_commit') or '?')[:7]}. The timed step is "
-        f"{b}x3x{h}x{w}; then one step at each of {sizes or 'no other size'}, "
-        f"which must reuse its graph.", '',
-        '| figure | value |', '| --- | ---: |',
-        f"| first call (compile and run) | {c['first_call_s']:.1f} s |",
-        f"| eager step (median) | {eager * 1e3:.0f} ms |",
-        f"| compiled step (median) | {compiled * 1e3:.0f} ms "
-        f"({compiled / eager:.2f}x eager) |",
-        f"| graphs for {1 + len(c.get('other_sizes', []))} sizes | "
-        f"{c['graphs']} |",
-        f"| first call at a further size, at most | "
-        f"{max(c.get('other_size_first_call_s') or [0]):.2f} s |",
-        f"| compiled against eager: outputs, gradients (relative L2) | "
-        f"{c['output_difference']:.1e}, {c['gradient_difference']:.1e} |",
-        f"| at the further sizes, at most | "
-        f"{max(c.get('other_size_difference') or [0]):.1e} |",
-        '', ('Passed.' if c['passed'] else 'FAILED: ' + c['detail'])]
+        f"{(env.get('git_commit') or '?')[:7]}. Each case compiles afresh "
+        f"(one process: inductor's caches are shared between cases). The "
+        f"timed step is {h}x{w} at the case's batch; then one step at each "
+        f"of {sizes or 'no other size'}, which must reuse its graph. Under "
+        f"`dynamic=None` (torch's default) the first further size compiles "
+        f"a second graph, with dynamic sizes, which the rest must reuse.", '',
+        '| figure | ' + ' | '.join(
+            f"batch {c['shape'][0]}, `dynamic={c.get('dynamic', True)}`"
+            for c in cases) + ' |',
+        '| --- |' + ' ---: |' * len(cases),
+        row('first call (compile and run)',
+            lambda c: f"{c['first_call_s']:.1f} s"),
+        row('eager step (median)',
+            lambda c: f"{c['eager_median_s'] * 1e3:.0f} ms"),
+        row('compiled step (median)',
+            lambda c: f"{c['compiled_median_s'] * 1e3:.0f} ms ("
+                      f"{c['compiled_median_s'] / c['eager_median_s']:.2f}x)"),
+        row(f'graphs for {1 + len(others)} sizes',
+            lambda c: str(c['graphs'])),
+        row('further sizes that compiled a graph (first call)', recompiled),
+        row('first call at a further size that compiled none, at most',
+            reused),
+        row('compiled against eager: outputs, gradients (relative L2)',
+            lambda c: f"{c['output_difference']:.1e}, "
+                      f"{c['gradient_difference']:.1e}"),
+        row('at the further sizes, at most',
+            lambda c: f"{max(c.get('other_size_difference') or [0]):.1e}"),
+        row('verdict', lambda c: 'passed' if c['passed'] else '**FAILED**'),
+        '']
+    lines += [f"- FAILED, batch {c['shape'][0]}, "
+              f"dynamic={c.get('dynamic', True)}: {c['detail']}"
+              for c in cases if not c['passed']]
     return lines
 
 

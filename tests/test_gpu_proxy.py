@@ -453,25 +453,39 @@ def test_benchmark_compile_only(tmp_path):
     out = tmp_path / 'compiled.json'
     report = bench.main([
         '--compile-only', '--device', 'cpu', '--compile-backend', 'eager',
-        '--posmlp-arch', json.dumps(TINY_ARCH), '--compile-shape', '1x40x70',
-        '--compile-sizes', '56x64,48x90', '--compile-repeats', '1',
+        '--posmlp-arch', json.dumps(TINY_ARCH), '--compile-shape', '40x70',
+        '--compile-cases', '2:true,1:none', '--compile-sizes',
+        '56x64,48x90', '--compile-repeats', '1',
         '--calib-size', '128', '--no-chart', '--out', str(out),
         '--update-doc', str(page)])
     assert report['results'] == [] and report['training'] == []
-    c = json.loads(out.read_text())['compile']
-    assert c['passed'] and c['graphs'] == 1, c['detail']
-    assert c['other_sizes'] == [[56, 64], [48, 90]]
-    assert c['output_difference'] <= 1e-5 and c['gradient_difference'] <= 1e-5
-    assert c['compiled_median_s'] > 0 and c['first_call_s'] > 0
+    dynamic, default = json.loads(out.read_text())['compile']
+    for c in dynamic, default:
+        assert c['passed'], c['detail']
+        assert c['other_sizes'] == [[56, 64], [48, 90]]
+        assert c['output_difference'] <= 1e-5
+        assert c['gradient_difference'] <= 1e-5
+        assert c['compiled_median_s'] > 0 and c['first_call_s'] > 0
+    assert (dynamic['shape'], dynamic['dynamic']) == ([2, 40, 70], True)
+    assert (default['shape'], default['dynamic']) == ([1, 40, 70], None)
+    # dynamic=True: one graph; the default: the first further size
+    # compiles one with dynamic sizes, the second reuses it
+    assert (dynamic['graphs'], dynamic['other_size_new_graphs']) == (1, [0, 0])
+    assert (default['graphs'], default['other_size_new_graphs']) == (2, [1, 0])
     assert '## torch.compile: PosMLP (custom arch) training step' in \
         page.read_text()
-    assert '| graphs for 3 sizes | 1 |' in (tmp_path / 'compiled.md'
-                                             ).read_text()
+    table = (tmp_path / 'compiled.md').read_text()
+    assert '| graphs for 3 sizes | 1 | 2 |' in table
+    assert '| further sizes that compiled a graph (first call) | none | ' \
+           '56x64 (' in table
     plain = tmp_path / 'plain.md'
     plain.write_text('<!-- generated: gpu-proxy -->\n'
                      '<!-- end generated: gpu-proxy -->\n')
     with pytest.raises(SystemExit):
         bench.parse_args(['--compile-only', '--update-doc', str(plain)])
+    with pytest.raises(SystemExit, match='bad --compile-cases entry'):
+        bench.main(['--compile-only', '--compile-cases', '2:false',
+                    '--out', str(tmp_path / 'bad.json')])
 
 
 @pytest.mark.parametrize('argv, message', [

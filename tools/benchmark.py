@@ -150,6 +150,21 @@ def parse_sizes(text: Optional[str], layout: str, what: str
     return [parse_size_arg(s, layout, what) for s in parse_list(text)]
 
 
+def parse_compile_cases(text: str) -> List[Tuple[int, Optional[bool]]]:
+    """'BATCH:DYNAMIC,...' -> [(batch, True or None)]; a bad entry exits
+    naming it."""
+    cases = []
+    for item in parse_list(text):
+        batch, _, dynamic = item.partition(':')
+        if not batch.isdigit() or int(batch) < 1 or \
+                dynamic.lower() not in ('true', 'none'):
+            raise SystemExit(f"bad --compile-cases entry {item!r}: write "
+                             f"BATCH:true or BATCH:none, as in 2:none")
+        cases.append((int(batch), True if dynamic.lower() == 'true'
+                      else None))
+    return cases
+
+
 def parse_proxy_steps(text: str, option: str = '--gpu-proxy-steps'
                       ) -> List[Tuple[str, Tuple[int, ...]]]:
     """'MODE:BxHxW,...' -> [(mode, (batch, height, width))]; a bad entry
@@ -295,14 +310,19 @@ def parse_args(argv=None):
     cp = p.add_argument_group('torch.compile part')
     cp.add_argument('--compile', action='store_true',
                     help="also compile PosMLP-T's training step "
-                         '(torch.compile, dynamic=True) and report the '
-                         'first-call time, the compiled step against eager, '
-                         'and the graphs taken by further sizes '
-                         '(benchmarks.compiled)')
+                         '(torch.compile) for each of --compile-cases and '
+                         'report the first-call time, the compiled step '
+                         'against eager, and the graphs taken by further '
+                         'sizes (benchmarks.compiled)')
     cp.add_argument('--compile-only', action='store_true',
                     help='run only the torch.compile part')
-    cp.add_argument('--compile-shape', default='1x512x512',
-                    help='BxHxW of the timed step (default %(default)s)')
+    cp.add_argument('--compile-shape', default='512x512',
+                    help='HxW of the timed step (default %(default)s)')
+    cp.add_argument('--compile-cases', default='1:true,2:true,1:none,2:none',
+                    help="BATCH:DYNAMIC comma list, DYNAMIC torch.compile's "
+                         "argument: 'true' or 'none' (its default, automatic "
+                         'dynamic shapes); each case compiles afresh '
+                         '(default %(default)s)')
     cp.add_argument('--compile-sizes',
                     default='480x544,544x480,448x608,576x416,512x640,'
                             '608x512',
@@ -549,10 +569,12 @@ def main(argv=None) -> dict:
     cases = [] if (args.gpu_proxy_only or args.compile_only or
                    args.inductor_counts_only) else \
         training_cases(args)
-    compile_shape = parse_size_arg(args.compile_shape, 'BxHxW',
+    compile_shape = parse_size_arg(args.compile_shape, 'HxW',
                                    'compile shape') \
         if args.compile or args.compile_only else None
     compile_sizes = parse_sizes(args.compile_sizes, 'HxW', 'compile size') \
+        if compile_shape else []
+    compile_cases = parse_compile_cases(args.compile_cases) \
         if compile_shape else []
     proxy_steps = parse_proxy_steps(args.gpu_proxy_steps) \
         if args.gpu_proxy or args.gpu_proxy_only else []
@@ -667,9 +689,10 @@ def main(argv=None) -> dict:
             'real' if args.real_count else 'fake')
 
     if compile_shape:
-        report['compile'] = run_compiled(
-            compile_shape, compile_sizes, device, args.compile_backend, 1,
-            args.compile_repeats, args.seed, posmlp_arch, start)
+        report['compile'] = [run_compiled(
+            (batch, *compile_shape), compile_sizes, device,
+            args.compile_backend, dynamic, 1, args.compile_repeats,
+            args.seed, posmlp_arch, start) for batch, dynamic in compile_cases]
 
     if counted_steps:
         models = build_models(counted_names, posmlp_arch, args.seed)

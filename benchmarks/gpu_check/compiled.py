@@ -1,12 +1,13 @@
 """torch.compile of a PosMLP training step, as a user compiles it for
-varying input sizes (``dynamic=True``): how long the first compiled call
-takes, what a compiled step then costs against eager, whether the compiled
-step computes what eager does, and whether further sizes run in the same
-graph (no recompilation)."""
+varying input sizes (``dynamic=True``, or torch's default ``dynamic=None``,
+which compiles a second graph with dynamic sizes at the first new size):
+how long the first compiled call takes, what a compiled step then costs
+against eager, whether the compiled step computes what eager does, and
+whether further sizes run in the same graph (no recompilation)."""
 from __future__ import annotations
 
 import time
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -27,21 +28,25 @@ def compiled_step(model: nn.Module, shape: Tuple[int, int, int],
                   device: torch.device, backend: str, warmup: int,
                   repeats: int, seed: int,
                   other_sizes: Sequence[Tuple[int, int]] = (),
-                  recompute_views: bool = False) -> Verdict:
+                  recompute_views: bool = False,
+                  dynamic: Optional[bool] = True) -> Verdict:
     """``model`` (no stochastic depth: eager and compiled must see the same
     network) in train mode: forward, ``half_channel_loss``, backward; then
     one step at each of ``other_sizes`` (height, width), which must reuse
-    the first graph. ``recompute_views``: compile with torch's
+    the graph compiled for it. ``dynamic``: torch.compile's argument; under
+    ``None`` (automatic dynamic shapes) the first further size may compile
+    one more graph, with dynamic sizes, and no size after it may.
+    ``recompute_views``: compile with torch's
     ``torch._functorch.config.recompute_views`` on, the workaround of
     docs/training.md for inductor's failure to order the strides of a
     saved view at batches above 1 (seen with torch 2.14.1)."""
     with torch._functorch.config.patch(recompute_views=recompute_views):
         return _compiled_step(model, shape, device, backend, warmup,
-                              repeats, seed, other_sizes)
+                              repeats, seed, other_sizes, dynamic)
 
 
 def _compiled_step(model, shape, device, backend, warmup, repeats, seed,
-                   other_sizes) -> Verdict:
+                   other_sizes, dynamic) -> Verdict:
     model = model.to(device).train()
     batch, h, w = shape
     x = make_input((h, w), batch, device, seed)
@@ -59,7 +64,8 @@ def _compiled_step(model, shape, device, backend, warmup, repeats, seed,
     eager_grads = grads()
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    compiled = torch.compile(model, backend=backend, dynamic=True)
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic)
+    stats = torch._dynamo.utils.counters['stats']
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -67,14 +73,16 @@ def _compiled_step(model, shape, device, backend, warmup, repeats, seed,
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
     first_call_s = time.perf_counter() - start
+    first_graphs = stats['unique_graphs']     # more than 1: graph breaks
     out_err = max(relative(c, e) for c, e in zip(compiled_outs, eager_outs))
     grad_err = relative(grads(), eager_grads)
     runs = interleaved({'eager': lambda: step(model),
                         'compiled': lambda: step(compiled)},
                        warmup, repeats, device)
     eager_s, compiled_s = (runs[k]['median_s'] for k in ('eager', 'compiled'))
-    size_errs, size_first_s = [], []
+    size_errs, size_first_s, size_graphs = [], [], []
     for h2, w2 in other_sizes:
+        before = stats['unique_graphs']
         x = make_input((h2, w2), batch, device, seed)   # what step() reads
         eager_outs = step(model)
         eager_grads = grads()
@@ -83,35 +91,47 @@ def _compiled_step(model, shape, device, backend, warmup, repeats, seed,
         if device.type == 'cuda':
             torch.cuda.synchronize(device)
         size_first_s.append(time.perf_counter() - start)
+        size_graphs.append(stats['unique_graphs'] - before)
         size_errs.append(max(
             max(relative(c, e) for c, e in zip(compiled_outs, eager_outs)),
             relative(grads(), eager_grads)))
-    graphs = torch._dynamo.utils.counters['stats']['unique_graphs']
+    # the sizes that compiled a graph, by index in other_sizes
+    new_graph_at = [i for i, n in enumerate(size_graphs) if n]
+    allowed = [] if dynamic else [0]
+    graphs = stats['unique_graphs']
     problems = [f'{what} differ by {err:.2e} (limit '
                 f'{COMPILE_TOLERANCE:.0e})'
                 for what, err in (('outputs', out_err),
                                   ('gradients', grad_err),
                                   ('other sizes', max(size_errs, default=0)))
                 if not err <= COMPILE_TOLERANCE]
-    if graphs != 1:
+    if first_graphs != 1:
+        problems.append(f'{first_graphs} graphs at the first size (graph '
+                        f'breaks)')
+    if not set(new_graph_at) <= set(allowed):
         problems.append(f'{graphs} graphs for {1 + len(other_sizes)} sizes '
-                        f'(recompiled)')
-    detail = (f'backend {backend}: first call (compile + run) '
-              f'{first_call_s:.1f} s; step eager {ms(eager_s)}, compiled '
-              f'{ms(compiled_s)} ({compiled_s / eager_s:.2f}x; median of '
-              f'{repeats} after {warmup} warm-up); compiled against eager: '
-              f'outputs {out_err:.1e}, gradients {grad_err:.1e}; '
+                        f'(recompiled at ' + ', '.join(
+                            'x'.join(map(str, other_sizes[i]))
+                            for i in new_graph_at) + ')')
+    detail = (f'backend {backend}, dynamic={dynamic}: first call (compile '
+              f'+ run) {first_call_s:.1f} s; step eager {ms(eager_s)}, '
+              f'compiled {ms(compiled_s)} ({compiled_s / eager_s:.2f}x; '
+              f'median of {repeats} after {warmup} warm-up); compiled '
+              f'against eager: outputs {out_err:.1e}, gradients '
+              f'{grad_err:.1e}; '
               f'{1 + len(other_sizes)} sizes in {graphs} graph(s), first '
               f'call at a further size {max(size_first_s, default=0):.2f} s '
               f'at most')
     if problems:
         detail = '; '.join(problems) + '. ' + detail
     return Verdict(not problems, detail, dict(
-        backend=backend, shape=list(shape), first_call_s=first_call_s,
+        backend=backend, dynamic=dynamic, shape=list(shape),
+        first_call_s=first_call_s,
         eager_median_s=eager_s, compiled_median_s=compiled_s,
         eager_times=runs['eager']['times'],
         compiled_times=runs['compiled']['times'],
         output_difference=out_err, gradient_difference=grad_err,
         graphs=graphs, other_sizes=[list(s) for s in other_sizes],
         other_size_first_call_s=size_first_s,
+        other_size_new_graphs=size_graphs,
         other_size_difference=size_errs))
