@@ -27,6 +27,7 @@ import json
 import os.path as osp
 import tempfile
 import time
+import traceback
 
 import torch
 
@@ -128,6 +129,30 @@ def _recompiles_by_function(log_lines):
     return dict(counts.most_common())
 
 
+def _failure(err: BaseException, counting: CountingBackend,
+             iteration: int) -> dict:
+    """What stopped a compiled run: the error, the graph dynamo last handed
+    the backend, and, where inductor was lowering one, the node it was at
+    and the source line that made it."""
+    message = str(err).strip().splitlines()
+    found, seen, cause = {}, set(), err
+    while cause is not None and id(cause) not in seen:   # chained causes
+        seen.add(id(cause))
+        for frame, _ in traceback.walk_tb(cause.__traceback__):
+            node = frame.f_locals.get('n')
+            if frame.f_code.co_name == 'run_node' and \
+                    isinstance(node, torch.fx.Node):
+                trace = (node.meta.get('stack_trace') or '').strip()
+                found = dict(node=node.format_node()[:300],
+                             source=trace.splitlines()[-2:])
+        cause = cause.__cause__ or cause.__context__
+    last = counting.graphs[-1] if counting.graphs else {}
+    return dict(iteration=iteration, error=type(err).__name__,
+                message=message[-1][:400] if message else '', **found,
+                graph_frame=last.get('frame'),
+                graph_modules=last.get('modules'))
+
+
 def run(form: str, backend: str, iters: int) -> dict:
     import logging
     counting = CountingBackend(backend)
@@ -155,22 +180,29 @@ def run(form: str, backend: str, iters: int) -> dict:
                                              iters, compile_cfg,
                                              counting.graphs)
             t0 = time.time()
-            runner.train()
+            try:
+                runner.train()
+            except Exception as err:    # reported in the JSON and the doc
+                failure = _failure(err, counting, len(compiled.losses) + 1)
+                log(f'compiled run stopped: {failure}')
+            else:
+                failure = None
             wall = time.time() - t0
         finally:
             recompiles.removeHandler(handler)
             torch._logging.set_logs()
     counters = torch._dynamo.utils.counters
-    first = compiled.losses[0]
     ref = eager.losses[0]
+    first = compiled.losses[0] if compiled.losses else None
     return dict(
         config=CONFIG, form=form, backend=backend, iters=iters,
         torch=torch.__version__,
         input_shapes=compiled.shapes,
         losses=compiled.losses,
         eager_first_losses=ref,
-        first_loss_max_relative_difference=max(
+        first_loss_max_relative_difference=None if first is None else max(
             abs(first[k] - ref[k]) / max(abs(ref[k]), 1e-12) for k in ref),
+        failure=failure,
         graphs=len(counting.graphs),
         backbone_graphs=sum(g['backbone'] for g in counting.graphs),
         graph_modules=[g['modules'] for g in counting.graphs],
@@ -188,8 +220,24 @@ def _where(function: str) -> str:
     return path.split('site-packages/', 1)[-1]
 
 
+def _stopped(form: str, failure: dict) -> str:
+    """A line on a run that stopped: where and why."""
+    where = ''
+    if failure.get('node'):
+        source = ' '.join(line.strip() for line in failure.get('source', []))
+        where = (f" Inductor was lowering `{failure['node']}`"
+                 + (f", from `{source}`" if source else '') + '.')
+    modules = ', '.join(failure.get('graph_modules') or []) or 'none'
+    return (f"- {form} stopped in iteration {failure['iteration']}: "
+            f"`{failure['error']}: {failure['message']}`.{where} The last "
+            f"graph dynamo handed over (frame {failure['graph_frame']}) "
+            f"holds modules: {modules}.\n\n")
+
+
 def render(results) -> str:
-    """The doc section: one row per run."""
+    """The doc section: one row per run, then a line on each run that
+    stopped."""
+    stops = []
     rows = ['| `compile` | iterations (padded sizes) | graphs (graph breaks) '
             '| graphs holding the backbone: iteration 1, later | '
             'traces abandoned by a restart (holding the backbone) | '
@@ -216,14 +264,21 @@ def render(results) -> str:
         abandoned = r.get('abandoned_graph_modules')
         abandoned = '-' if abandoned is None else (
             f"{len(abandoned)} ({sum('backbone' in m for m in abandoned)})")
+        difference = r['first_loss_max_relative_difference']
+        failure = r.get('failure')
+        ran = f"{len(r['losses'])} of {r['iters']}" if failure else \
+            str(r['iters'])
         rows.append(
-            f"| {form} | {r['iters']} ({len(sizes)} sizes) | {r['graphs']} "
+            f"| {form} | {ran} ({len(sizes)} sizes) | {r['graphs']} "
             f"({r['graph_breaks']}) | {first}, {later} | {abandoned} | "
-            f"{recompiles} | "
-            f"{r['first_loss_max_relative_difference']:.1e} | "
-            f"{r['compiled_run_seconds']:.0f} s |")
+            f"{recompiles or '-'} | "
+            f"{'-' if difference is None else f'{difference:.1e}'} | "
+            f"{r['compiled_run_seconds']:.0f} s"
+            f"{', stopped' if failure else ''} |")
+        if failure:
+            stops.append(_stopped(form, failure))
     r = results[0]
-    return ('\n'.join(rows) + '\n\n'
+    return ('\n'.join(rows) + '\n\n' + ''.join(stops) +
             f"torch {r['torch']}, {r['config']}, two images per iteration. "
             'A graph holds the backbone where one of its nodes comes from a '
             'module under `backbone`. A trace abandoned by a restart is a '

@@ -609,8 +609,9 @@ def compiled_markdown(report: dict, heading: str = '###') -> List[str]:
         f"(one process: inductor's caches are shared between cases). The "
         f"timed step is {h}x{w} at the case's batch; then one step at each "
         f"of {sizes or 'no other size'}, which must reuse its graph. Under "
-        f"`dynamic=None` (torch's default) the first further size compiles "
-        f"a second graph, with dynamic sizes, which the rest must reuse.", '',
+        f"`dynamic=None` (torch's default) a dimension is marked dynamic "
+        f"where it first changes: that size may compile a graph, with "
+        f"dynamic sizes, which the rest must reuse.", '',
         '| figure | ' + ' | '.join(
             f"batch {c['shape'][0]}, `dynamic={c.get('dynamic', True)}`"
             for c in cases) + ' |',

@@ -102,7 +102,14 @@ def test_dry_run_without_openmmlab(tmp_path):
         assert 0 < row['figures']['eval_output_error'] <= 1e-4
     assert len(by_section['autocast']) == 6  # bf16, fp16 x 3 gates
     assert len(by_section['training']) == 3  # fp32, bf16, fp16
-    assert len(by_section['compile']) == 2  # default, then the workaround
+    # dynamic=True, the workaround, then torch's default dynamic=None
+    assert len(by_section['compile']) == 3
+    default = by_section['compile'][2]
+    assert default['figures']['dynamic'] is None
+    # the tiny profile's first further size changes the height, the
+    # second the width: torch marks each dynamic when it first changes
+    assert default['figures']['graphs'] == 3, default
+    assert default['figures']['other_size_new_graphs'] == [1, 1, 0, 0, 0, 0]
     assert report['passed'] is True
 
     # the speed rows are the benchmark's rows: its report renders them

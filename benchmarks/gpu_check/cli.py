@@ -266,11 +266,12 @@ class GpuCheck:
         label = f'{p.posmlp_label} fwdbwd {b}x3x{h}x{w}'
         default_passed = {}     # stays False where the default compile raises
 
-        def step(recompute_views: bool) -> Verdict:
+        def step(recompute_views: bool, dynamic=True) -> Verdict:
             return compiled_step(
                 posmlp(p.arch, 'gqpe', seed=self.seed), p.train_shape,
                 self.device, self.args.compile_backend, p.warmup, p.repeats,
-                self.seed, p.compile_sizes, recompute_views=recompute_views)
+                self.seed, p.compile_sizes, recompute_views=recompute_views,
+                dynamic=dynamic)
 
         def default() -> Verdict:
             default_passed['value'] = False
@@ -282,8 +283,12 @@ class GpuCheck:
             if default_passed.get('value', True):
                 raise Skip('run only where the default compile fails')
             return step(recompute_views=True)
+        # torch's default: the first further size compiles a second graph,
+        # with dynamic sizes, that the others reuse
         return [(label, default),
-                (f'{label}, recompute_views=True', workaround)]
+                (f'{label}, recompute_views=True', workaround),
+                (f'{label}, dynamic=None',
+                 lambda: step(recompute_views=False, dynamic=None))]
 
     def detector(self) -> List[Check]:
         p = self.profile

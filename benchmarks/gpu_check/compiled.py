@@ -33,9 +33,11 @@ def compiled_step(model: nn.Module, shape: Tuple[int, int, int],
     """``model`` (no stochastic depth: eager and compiled must see the same
     network) in train mode: forward, ``half_channel_loss``, backward; then
     one step at each of ``other_sizes`` (height, width), which must reuse
-    the graph compiled for it. ``dynamic``: torch.compile's argument; under
-    ``None`` (automatic dynamic shapes) the first further size may compile
-    one more graph, with dynamic sizes, and no size after it may.
+    the graph compiled for it. ``dynamic``: torch.compile's argument, True
+    or None. Under ``None`` (automatic dynamic shapes) torch marks a
+    dimension dynamic when it first changes: the further size where the
+    height first changes, and the one where the width does, may each
+    compile a graph; no other may.
     ``recompute_views``: compile with torch's
     ``torch._functorch.config.recompute_views`` on, the workaround of
     docs/training.md for inductor's failure to order the strides of a
@@ -97,7 +99,8 @@ def _compiled_step(model, shape, device, backend, warmup, repeats, seed,
             relative(grads(), eager_grads)))
     # the sizes that compiled a graph, by index in other_sizes
     new_graph_at = [i for i, n in enumerate(size_graphs) if n]
-    allowed = [] if dynamic else [0]
+    allowed = _first_changes(shape[1:], other_sizes) if dynamic is None \
+        else []
     graphs = stats['unique_graphs']
     problems = [f'{what} differ by {err:.2e} (limit '
                 f'{COMPILE_TOLERANCE:.0e})'
@@ -135,3 +138,13 @@ def _compiled_step(model, shape, device, backend, warmup, repeats, seed,
         other_size_first_call_s=size_first_s,
         other_size_new_graphs=size_graphs,
         other_size_difference=size_errs))
+
+
+def _first_changes(first: Sequence[int], sizes: Sequence[Tuple[int, int]]
+                   ) -> list:
+    """Indices in ``sizes`` where the height, or the width, first differs
+    from ``first``'s: where automatic dynamic shapes compiles again."""
+    return sorted({next(i for i, size in enumerate(sizes)
+                        if size[dim] != first[dim])
+                   for dim in (0, 1)
+                   if any(size[dim] != first[dim] for size in sizes)})
