@@ -143,19 +143,20 @@ class LeanBlock(torch.autograd.Function):
             d_out = d_out.view(-1, C)
             u, v = F.gelu(s.hidden, approximate=ctx.approximate).view(
                 2, K, B, H, W).unbind(0)
-            # as (K / groups, groups, B, H * W), channel k = c * groups + g
-            # at [c, g]: v as it is, m' (grouped) as a view
-            v = v.reshape(K // groups, groups, B, H * W)
-            mixed = s.mixed.view(groups, K // groups, B, H * W).transpose(
+            # as (K / groups, groups, B, H, W), channel k = c * groups + g
+            # at [c, g]: v as it is, m' (grouped) as a view; 5-D, as the
+            # forward lays them out (token_mixing.gate_output says why)
+            v = v.reshape(K // groups, groups, B, H, W)
+            mixed = s.mixed.view(groups, K // groups, B, H, W).transpose(
                 0, 1)
+            bias = s.bias.view(H, W)
             # m = scale * m' + bias; with a key scale in its own dtype
             # (float32: it may exceed float16's range), as the forward does
-            # (token_mixing.gate_output)
             if s.scale is None:
-                m = mixed + s.bias.to(dtype)
+                m = mixed + bias.to(dtype)
             else:
-                scale = s.scale.unsqueeze(1)                  # (G, 1, HW)
-                m = torch.addcmul(s.bias.to(scale.dtype), mixed, scale)
+                scale = s.scale.view(1, groups, 1, H, W)
+                m = torch.addcmul(bias.to(scale.dtype), mixed, scale)
             g = (v * m).to(dtype).view(K, -1)
             d_shrink_w = d_out.t().mm(g.t()) if needs.shrink_weight else None
             d_shrink_b = d_out.sum(0) if needs.shrink_bias else None
@@ -167,11 +168,11 @@ class LeanBlock(torch.autograd.Function):
             d_m = d_g * v
             # bias and scale are shared by a group's channels and the
             # samples: their gradients are sums, per token of the map
-            d_bias = d_m.sum((0, 1, 2)) if needs.bias else None
+            d_bias = d_m.sum((0, 1, 2)).flatten() if needs.bias else None
             d_scale = None
             if s.scale is not None:
                 if needs.scale:
-                    d_scale = (d_m * mixed).sum((0, 2))
+                    d_scale = (d_m * mixed).sum((0, 2)).flatten(1)
                 d_m = d_m * scale
             d_m_w = grid.to_windows(d_m.view(K, B, H, W), groups,
                                     slot='gradient')
@@ -211,7 +212,7 @@ class LeanBlock(torch.autograd.Function):
 
 def _activation_gradient_buffer(grid: WindowGrid, v: torch.Tensor,
                                 dtype: torch.dtype) -> Optional[torch.Tensor]:
-    """An empty (2, K/groups, groups, B, H * W) tensor of ``dtype`` for d(u)
+    """An empty (2, K/groups, groups, B, H, W) tensor of ``dtype`` for d(u)
     and d(v), v's layout, in eager PyTorch; None in a captured graph, where
     they are joined by cat instead (a copy into a view makes
     torch.compile's functionalization guard on the map's size, and compile
@@ -226,15 +227,15 @@ def _activation_gradient(grid: WindowGrid, d_u_w: torch.Tensor,
                          dtype: torch.dtype) -> torch.Tensor:
     """d(u, v) as one (2K, T) tensor of ``dtype`` for GELU's backward,
     channels in order, from d(u) in the window layout (groups, K/groups *
-    B * windows, N) and d(v) (K/groups, groups, B, H * W): ``d_act`` from
+    B * windows, N) and d(v) (K/groups, groups, B, H, W): ``d_act`` from
     ``_activation_gradient_buffer``, whose second half holds d(v) already,
     gets d(u) gathered straight from the window layout; without it, cat."""
-    V, groups, B, tokens = d_v.shape
+    V, groups, B, H, W = d_v.shape
     if d_act is None:
-        d_u = grid.to_map(d_u_w).view(groups, V, B, tokens).transpose(0, 1)
+        d_u = grid.to_map(d_u_w).view(groups, V, B, H, W).transpose(0, 1)
         return torch.cat([d_u.to(dtype), d_v.to(dtype)]).view(
             2 * V * groups, -1)
-    into = d_act[0].transpose(0, 1)                 # (groups, V, B, H * W)
+    into = d_act[0].transpose(0, 1).flatten(3)      # (groups, V, B, H * W)
     rows = d_u_w.view(groups, V, B, -1)
     if rows.dtype == dtype:
         torch.index_select(rows, 3, grid.map_index(rows.device), out=into)

@@ -24,6 +24,12 @@ Inductor runs an opaque operator as it is, with the sizes and strides its
 fake implementation gives (the output size formula, in the input's
 layout), and never lowers a convolution of a training step. Inference
 keeps ``aten.convolution``, which inductor compiles once for all sizes.
+
+``nhwc=True`` takes and gives (B, H, W, C) maps, the levels' layout: the
+operators permute inside, so the tensor saved for the backward is the map
+itself, not a permuted view of it. (Inductor on a CPU lays out 4-D tensors
+near a convolution channels-last, and cannot order the strides of such a
+view under symbolic sizes: pytorch issues 185510 and 172204.)
 """
 from __future__ import annotations
 
@@ -36,11 +42,14 @@ from torch.utils import flop_counter
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: int,
-           padding: int, groups: int = 1) -> Tensor:
+           padding: int, groups: int = 1, nhwc: bool = False) -> Tensor:
     """``F.conv2d(x, weight, bias, stride, padding, groups=groups)``
     (dilation 1); through ``posmlp_dense::conv2d`` where a training step
-    records it."""
+    records it. ``nhwc``: ``x`` and the result are (B, H, W, C)."""
     if not _records_training_step(x, weight):
+        if nhwc:
+            return F.conv2d(x.permute(0, 3, 1, 2), weight, bias, stride,
+                            padding, groups=groups).permute(0, 2, 3, 1)
         return F.conv2d(x, weight, bias, stride, padding, groups=groups)
     device = x.device.type
     if torch.is_autocast_enabled(device):
@@ -49,7 +58,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: int,
         dtype = torch.get_autocast_dtype(device)
         x, weight = x.to(dtype), weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
-    return _conv2d(x, weight, bias, stride, padding, groups)
+    return _conv2d(x, weight, bias, stride, padding, groups, nhwc)
 
 
 def _records_training_step(x, weight) -> bool:
@@ -64,21 +73,35 @@ def _records_training_step(x, weight) -> bool:
                                         or weight.requires_grad)
 
 
+def _nchw(x: Tensor, nhwc: bool) -> Tensor:
+    """An (B, H, W, C) map as the (B, C, H, W) view convolutions take."""
+    return x.permute(0, 3, 1, 2) if nhwc else x
+
+
+def _as_given(y: Tensor, nhwc: bool) -> Tensor:
+    """A (B, C, H, W) result in the layout the caller gave: (B, H, W, C),
+    contiguous, where ``nhwc``."""
+    return y.permute(0, 2, 3, 1).contiguous() if nhwc else y
+
+
 @torch.library.custom_op('posmlp_dense::conv2d', mutates_args=())
 def _conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: int,
-            padding: int, groups: int) -> Tensor:
+            padding: int, groups: int, nhwc: bool) -> Tensor:
+    x = _nchw(x, nhwc)
     y = F.conv2d(x, weight, bias, stride, padding, groups=groups)
-    return y.contiguous(memory_format=_output_format(x))
+    return _as_given(y.contiguous(memory_format=_output_format(x)), nhwc)
 
 
 @_conv2d.register_fake
-def _conv2d_fake(x, weight, bias, stride, padding, groups):
+def _conv2d_fake(x, weight, bias, stride, padding, groups, nhwc):
+    x = _nchw(x, nhwc)
     height, width = (
         (size + 2 * padding - kernel) // stride + 1
         for size, kernel in zip(x.shape[2:], weight.shape[2:]))
-    return torch.empty((x.shape[0], weight.shape[0], height, width),
-                       dtype=x.dtype, device=x.device,
-                       memory_format=_output_format(x))
+    y = torch.empty((x.shape[0], weight.shape[0], height, width),
+                    dtype=x.dtype, device=x.device,
+                    memory_format=_output_format(x))
+    return _as_given(y, nhwc)
 
 
 def _output_format(x: Tensor) -> torch.memory_format:
@@ -90,37 +113,38 @@ def _output_format(x: Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
-def _convolution_backward(grad, x, weight, stride, padding, groups, which):
+def _convolution_backward(grad, x, weight, stride, padding, groups, nhwc,
+                          which):
     """aten's convolution_backward asked for one gradient (0: the input's,
-    1: the weight's)."""
+    in x's shape, 1: the weight's)."""
     mask = [which == 0, which == 1, False]
-    return torch.ops.aten.convolution_backward(
-        grad, x, weight, None, [stride] * 2, [padding] * 2, [1, 1], False,
-        [0, 0], groups, mask)[which]
+    result = torch.ops.aten.convolution_backward(
+        _nchw(grad, nhwc), _nchw(x, nhwc), weight, None, [stride] * 2,
+        [padding] * 2, [1, 1], False, [0, 0], groups, mask)[which]
+    return result.permute(0, 2, 3, 1) if nhwc and which == 0 else result
 
 
 @torch.library.custom_op('posmlp_dense::conv2d_input_grad', mutates_args=())
 def _conv2d_input_grad(grad: Tensor, x: Tensor, weight: Tensor, stride: int,
-                       padding: int, groups: int) -> Tensor:
-    return _in_layout_of(
-        _convolution_backward(grad, x, weight, stride, padding, groups, 0), x)
+                       padding: int, groups: int, nhwc: bool) -> Tensor:
+    return _in_layout_of(_convolution_backward(
+        grad, x, weight, stride, padding, groups, nhwc, 0), x)
 
 
 @_conv2d_input_grad.register_fake
-def _conv2d_input_grad_fake(grad, x, weight, stride, padding, groups):
+def _conv2d_input_grad_fake(grad, x, weight, stride, padding, groups, nhwc):
     return x.new_empty_strided(x.shape, x.stride())
 
 
 @torch.library.custom_op('posmlp_dense::conv2d_weight_grad', mutates_args=())
 def _conv2d_weight_grad(grad: Tensor, x: Tensor, weight: Tensor, stride: int,
-                        padding: int, groups: int) -> Tensor:
-    return _in_layout_of(
-        _convolution_backward(grad, x, weight, stride, padding, groups, 1),
-        weight)
+                        padding: int, groups: int, nhwc: bool) -> Tensor:
+    return _in_layout_of(_convolution_backward(
+        grad, x, weight, stride, padding, groups, nhwc, 1), weight)
 
 
 @_conv2d_weight_grad.register_fake
-def _conv2d_weight_grad_fake(grad, x, weight, stride, padding, groups):
+def _conv2d_weight_grad_fake(grad, x, weight, stride, padding, groups, nhwc):
     return weight.new_empty_strided(weight.shape, weight.stride())
 
 
@@ -133,9 +157,9 @@ def _in_layout_of(tensor: Tensor, like: Tensor) -> Tensor:
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, bias, stride, padding, groups = inputs
+    x, weight, bias, stride, padding, groups, nhwc = inputs
     ctx.save_for_backward(x, weight)
-    ctx.conf = (stride, padding, groups)
+    ctx.conf = (stride, padding, groups, nhwc)
 
 
 def _backward(ctx, grad):
@@ -147,8 +171,8 @@ def _backward(ctx, grad):
     if need_w:
         grad_w = _conv2d_weight_grad(grad, x, weight, *ctx.conf)
     if need_b:
-        grad_b = grad.sum((0, 2, 3))
-    return grad_x, grad_w, grad_b, None, None, None
+        grad_b = grad.sum((0, 1, 2) if ctx.conf[-1] else (0, 2, 3))
+    return grad_x, grad_w, grad_b, None, None, None, None
 
 
 _conv2d.register_autograd(_backward, setup_context=_setup_context)
@@ -167,23 +191,30 @@ _conv2d_weight_grad.register_autograd(_refuse_double_backward)
 
 # torch's FlopCounterMode counts the operators as it counts aten's
 # convolution and its backward
+def _nchw_shape(shape, nhwc: bool):
+    return [shape[0], shape[3], shape[1], shape[2]] if nhwc else shape
+
+
 @flop_counter.register_flop_formula(torch.ops.posmlp_dense.conv2d)
-def _conv2d_flops(x_shape, w_shape, bias_shape, stride, padding, groups, *,
-                  out_shape, **kwargs) -> int:
-    return flop_counter.conv_flop_count(x_shape, w_shape, out_shape)
+def _conv2d_flops(x_shape, w_shape, bias_shape, stride, padding, groups,
+                  nhwc, *, out_shape, **kwargs) -> int:
+    return flop_counter.conv_flop_count(_nchw_shape(x_shape, nhwc), w_shape,
+                                        _nchw_shape(out_shape, nhwc))
 
 
 @flop_counter.register_flop_formula(torch.ops.posmlp_dense.conv2d_input_grad)
 def _conv2d_input_grad_flops(grad_shape, x_shape, w_shape, stride, padding,
-                             groups, *, out_shape, **kwargs) -> int:
-    return flop_counter.conv_flop_count(grad_shape, w_shape, out_shape,
-                                        transposed=True)
+                             groups, nhwc, *, out_shape, **kwargs) -> int:
+    return flop_counter.conv_flop_count(
+        _nchw_shape(grad_shape, nhwc), w_shape, _nchw_shape(out_shape, nhwc),
+        transposed=True)
 
 
 @flop_counter.register_flop_formula(torch.ops.posmlp_dense.conv2d_weight_grad)
 def _conv2d_weight_grad_flops(grad_shape, x_shape, w_shape, stride, padding,
-                              groups, *, out_shape, **kwargs) -> int:
+                              groups, nhwc, *, out_shape, **kwargs) -> int:
     def swap(shape):  # the weight gradient: a convolution of x by grad
         return [shape[1], shape[0], *shape[2:]]
-    return flop_counter.conv_flop_count(swap(x_shape), swap(grad_shape),
-                                        swap(out_shape))
+    return flop_counter.conv_flop_count(
+        swap(_nchw_shape(x_shape, nhwc)), swap(_nchw_shape(grad_shape, nhwc)),
+        swap(out_shape))

@@ -22,13 +22,13 @@ class ConvDownsample(nn.Module):
         self.norm = nn.LayerNorm(out_dim, eps=norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (B, H, W, C) viewed as NCHW with channels-last strides: the conv
-        # reads it without a copy and writes channels-last. conv2d
-        # (conv_function.py): a backward that compiles at every size.
+        # conv2d (conv_function.py) reads the (B, H, W, C) map as NCHW with
+        # channels-last strides, without a copy, and writes the same
+        # layout; its training step's backward compiles at every size
         conv = self.conv
-        y = conv2d(x.permute(0, 3, 1, 2), conv.weight, conv.bias,
-                   conv.stride[0], conv.padding[0], conv.groups)
-        return self.norm(y.permute(0, 2, 3, 1))
+        y = conv2d(x, conv.weight, conv.bias, conv.stride[0],
+                   conv.padding[0], conv.groups, nhwc=True)
+        return self.norm(y)
 
     @staticmethod
     def output_size(height, width):

@@ -123,15 +123,20 @@ def gate_output(mixed: torch.Tensor, mixing: Mixing, v: torch.Tensor
     K, B, H, W = v.shape
     groups = mixing.groups
     # m' with channel k = c * groups + g at [c, g]: v's order, as a view.
-    # (Every size spelled out: an inferred one is a quotient of symbolic
-    # sizes under torch.compile, whose strides inductor cannot order.)
-    m = mixed.view(groups, K // groups, B, H * W).transpose(0, 1)
+    # Every size spelled out: an inferred one is a quotient of symbolic
+    # sizes under torch.compile, whose strides inductor cannot order. And
+    # 5-D, (K/groups, groups, B, H, W): on a CPU, inductor lays out 4-D
+    # tensors near a convolution channels-last (in a detector, the neck's),
+    # and cannot order the strides that layout gives a view saved for the
+    # backward (symbolic sizes; pytorch issues 185510 and 172204).
+    m = mixed.view(groups, K // groups, B, H, W).transpose(0, 1)
+    bias = mixing.bias.view(H, W)
     if mixing.scale is None:
-        m = m + mixing.bias.to(mixed.dtype)
+        m = m + bias.to(mixed.dtype)
     else:
         # in the scale's dtype (float32 under autocast): a row whose real
         # keys hold little of its window's softmax has a scale beyond
         # float16's range
-        m = torch.addcmul(mixing.bias, m, mixing.scale.unsqueeze(1))
+        m = torch.addcmul(bias, m, mixing.scale.view(1, groups, 1, H, W))
     # v first: the product takes v's (contiguous) layout
-    return (v.reshape(K // groups, groups, B, H * W) * m).view(v.shape)
+    return (v.reshape(K // groups, groups, B, H, W) * m).view(v.shape)

@@ -3,6 +3,8 @@ gradients and layouts, recorded as an opaque operator only where a training
 step records it."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -93,6 +95,43 @@ def test_autocast_runs_it_in_the_autocast_dtype():
 
 
 @pytest.mark.parametrize('conv', CONVS)
+@pytest.mark.parametrize('size', [(9, 10), (1, 1)])
+def test_nhwc_takes_and_gives_channels_last_maps(conv, size):
+    """nhwc=True: a (B, H, W, C) map in, a contiguous (B, H, W, C) map out,
+    and the gradient of the map in its layout: aten's convolution of the
+    NCHW view, permuted back."""
+    cin, cout, k, stride, padding, groups = conv
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, *size, cin, generator=gen, dtype=torch.float64)
+    w = torch.randn(cout, cin // groups, k, k, generator=gen,
+                    dtype=torch.float64)
+    b = torch.randn(cout, generator=gen, dtype=torch.float64)
+
+    def reference(x, w, b):
+        return F.conv2d(x.permute(0, 3, 1, 2), w, b, stride, padding,
+                        groups=groups).permute(0, 2, 3, 1)
+
+    def ours(x, w, b):
+        return conv2d(x, w, b, stride, padding, groups, nhwc=True)
+
+    results = []
+    for fn in (ours, reference):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        y = fn(*leaves)
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1),
+                         dtype=y.dtype)
+        y.backward(dy)
+        results.append((y, *(t.grad for t in leaves)))
+    for mine, ref, name in zip(*results, ('y', 'dx', 'dw', 'db')):
+        torch.testing.assert_close(mine, ref, rtol=1e-12, atol=1e-12,
+                                   msg=name)
+    y, dx = results[0][:2]
+    assert y.is_contiguous() and dx.is_contiguous()
+    with torch.no_grad():       # aten's convolution, a permuted view
+        torch.testing.assert_close(ours(x, w, b), reference(x, w, b))
+
+
+@pytest.mark.parametrize('conv', CONVS)
 def test_flop_counter_counts_it_as_atens(conv):
     """torch's FlopCounterMode (the benchmark's and the published-model
     test's FLOPs) counts the operator and its backward as aten's
@@ -100,10 +139,13 @@ def test_flop_counter_counts_it_as_atens(conv):
     from torch.utils.flop_counter import FlopCounterMode
     cin, cout, k, stride, padding, groups = conv
     totals = []
-    for fn in (conv2d, F.conv2d):
+    nhwc = functools.partial(conv2d, nhwc=True)
+    for fn in (conv2d, F.conv2d, nhwc):
         x = torch.randn(2, cin, 13, 10, requires_grad=True)
         w = torch.randn(cout, cin // groups, k, k, requires_grad=True)
+        if fn is nhwc:
+            x = x.detach().permute(0, 2, 3, 1).contiguous().requires_grad_()
         with FlopCounterMode(display=False) as counter:
             fn(x, w, None, stride, padding, groups=groups).sum().backward()
         totals.append(counter.get_total_flops())
-    assert totals[0] == totals[1] > 0
+    assert totals[0] == totals[1] == totals[2] > 0
