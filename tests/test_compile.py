@@ -126,6 +126,73 @@ def test_inductor_graph_passes_add_no_size_guard(batch, dynamic, graphs):
                                   graphs, torch.float64)
 
 
+# the operators whose result inductor lowers as a view of their input
+VIEW_OPS = ('view', '_unsafe_view', 'reshape', 'permute', 'transpose',
+            'expand', 'slice', 'select', 'unsqueeze', 'squeeze', 'alias',
+            'as_strided', 'narrow', 'unfold', 'diagonal', 't')
+
+
+def _unorderable_saved_views(fw_module) -> list:
+    """The forward's outputs (what the backward is given) that inductor
+    would lower as views and whose strides, in the channels-last layout it
+    gives a 4-D tensor next to a convolution on a CPU (graph.py
+    ``nodes_prefer_channels_last``), it cannot order: ``get_stride_order``
+    then raises (symbolic sizes; pytorch issues 185510, 172204)."""
+    from torch._inductor.ir import FlexibleLayout
+    from torch._inductor.utils import argsort
+
+    def expr(size):
+        return size.node.expr if isinstance(size, torch.SymInt) else size
+
+    found = []
+    output = next(n for n in fw_module.graph.nodes if n.op == 'output')
+    for node in output.args[0]:
+        val = getattr(node, 'meta', {}).get('val')
+        op = getattr(getattr(node, 'target', None), 'overloadpacket', None)
+        # 4-D only: the channels-last layout is given to no other rank
+        if not isinstance(val, torch.Tensor) or val.dim() != 4 or \
+                op is None or op.__name__ not in VIEW_OPS:
+            continue
+        strides = FlexibleLayout.stride_ordered_for_memory_format(
+            [expr(s) for s in val.shape], torch.channels_last)
+        try:
+            argsort(strides)
+        except TypeError:
+            trace = (node.meta.get('stack_trace') or '').strip()
+            found.append(trace.splitlines()[-2:])
+    return found
+
+
+def test_no_saved_view_whose_strides_inductor_cannot_order():
+    """In a detector, the neck's convolutions join the backbone's graph,
+    and on a CPU inductor then lays 4-D tensors out channels-last. A view
+    saved for the backward with such a layout has strides like
+    (C * B * H * W, 1, C * W, C), whose order sympy cannot settle for
+    symbolic sizes, and inductor stopped at the first iteration of
+    mmengine's compile. The gate's output and the downsampling's
+    convolution save no 4-D view (inductor's decompositions and partition,
+    without code generation)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+    found = []
+
+    def forward_compiler(gm, example_inputs):
+        found.extend(_unorderable_saved_views(gm))
+        return boxed_nop(gm, example_inputs)
+
+    backend = aot_autograd(fw_compiler=forward_compiler,
+                           bw_compiler=boxed_nop, partition_fn=partition_fn,
+                           decompositions=select_decomp_table())
+    torch._dynamo.reset()
+    model = PosMLP(TINY_ARCH, gate='gqpe', drop_path_rate=0.0).train()
+    compiled = torch.compile(model, dynamic=True, fullgraph=True,
+                             backend=backend)
+    sum(o.sum() for o in compiled(torch.randn(2, 3, 192, 256))).backward()
+    assert not found, found
+
+
 @pytest.mark.parametrize('batch, dynamic, graphs', [
     (2, True, 1),
     pytest.param(1, True, 1, marks=pytest.mark.slow),
