@@ -17,6 +17,17 @@ CONVS = ((3, 8, 3, 2, 1, 1), (8, 16, 3, 2, 1, 1), (16, 16, 1, 1, 0, 1),
          (16, 32, 3, 2, 1, 16))
 
 
+def _output_and_gradients(fn, *inputs):
+    """fn's output and the gradients of its inputs (cloned, which keeps
+    their layout) for one fixed random output gradient."""
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    y = fn(*leaves)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1),
+                     dtype=y.dtype)
+    y.backward(dy)
+    return (y, *(t.grad for t in leaves))
+
+
 @pytest.mark.parametrize('conv', CONVS)
 @pytest.mark.parametrize('size', [(9, 10), (12, 7), (1, 1)])
 @pytest.mark.parametrize('channels_last', [False, True])
@@ -29,15 +40,9 @@ def test_outputs_gradients_and_layouts_are_atens(conv, size, channels_last):
     w = torch.randn(cout, cin // groups, k, k, generator=gen,
                     dtype=torch.float64)
     b = torch.randn(cout, generator=gen, dtype=torch.float64)
-    results = []
-    for fn in (conv2d, F.conv2d):
-        # clone keeps the input's layout
-        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-        y = fn(*leaves, stride, padding, groups=groups)
-        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1),
-                         dtype=y.dtype)
-        y.backward(dy)
-        results.append((y, *(t.grad for t in leaves)))
+    results = [_output_and_gradients(
+        lambda *leaves: fn(*leaves, stride, padding, groups=groups), x, w, b)
+        for fn in (conv2d, F.conv2d)]
     for ours, ref, name in zip(*results, ('y', 'dx', 'dw', 'db')):
         torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12,
                                    msg=name)
@@ -114,14 +119,8 @@ def test_nhwc_takes_and_gives_channels_last_maps(conv, size):
     def ours(x, w, b):
         return conv2d(x, w, b, stride, padding, groups, nhwc=True)
 
-    results = []
-    for fn in (ours, reference):
-        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-        y = fn(*leaves)
-        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1),
-                         dtype=y.dtype)
-        y.backward(dy)
-        results.append((y, *(t.grad for t in leaves)))
+    results = [_output_and_gradients(fn, x, w, b)
+               for fn in (ours, reference)]
     for mine, ref, name in zip(*results, ('y', 'dx', 'dw', 'db')):
         torch.testing.assert_close(mine, ref, rtol=1e-12, atol=1e-12,
                                    msg=name)
