@@ -1,7 +1,7 @@
 """mmengine's ``compile`` on the demo RetinaNet, as a config asks for it.
 
-    python -m benchmarks.mmengine_compile [--form true|dict]
-        [--backend inductor] [--iters 8] [--json PATH]
+    python -m benchmarks.mmengine_compile [--form true|dict|backbone]
+        [--backend inductor] [--iters 8] [--without-mkldnn] [--json PATH]
     python -m benchmarks.mmengine_compile --update-doc docs/training.md \
         --from-json A.json [B.json ...]
 
@@ -12,12 +12,22 @@ iterations of two images at seven input scales, with the runner's
 ``compile=True`` gives: ``dynamic=None``), ``--form dict`` is
 ``compile=dict(backend=..., dynamic=True)``. mmengine compiles the whole
 ``train_step``: data preprocessor, backbone, neck, head, losses and the
-optimizer step.
+optimizer step. ``--form backbone`` sets no ``compile`` and names
+``CompileBackboneHook(backend=..., dynamic=True)`` in ``custom_hooks``:
+the backbone alone is compiled, the rest runs eagerly.
 
 It reports each graph dynamo compiled, and whether it holds backbone
 operations; the number of graph breaks and recompilations, by function;
 the losses of every iteration; and the first iteration's losses against an
 eager run of the same config and seed (same weights, same batch).
+
+``--without-mkldnn`` runs both with ``torch.backends.mkldnn`` disabled. On
+a CPU with mkldnn, inductor lays out every graph that has a convolution
+for channels-last (``GraphLowering.decide_layout_opt``), and the restrided
+tensors of the neck's convolutions put a guard on the input size in the
+backward; on a CUDA device, a convolution with dynamic sizes turns that
+layout optimization off (pytorch issue 102670). Without mkldnn a CPU takes
+the CUDA branch, so the run shows which recompilations are the CPU's.
 """
 from __future__ import annotations
 
@@ -51,17 +61,19 @@ class CountingBackend:
     replaces the abandoned one, which never runs; ``abandoned`` keeps
     those."""
 
-    def __init__(self, backend: str):
+    def __init__(self, backend: str, root: str | None = None):
         self.backend = backend
+        self.root = root  # the module compiled by itself, if not the model
         self.graphs = []
         self.abandoned = []
 
     def __call__(self, gm, example_inputs):
         # module paths as dynamo writes them: "L['self'].backbone.levels..."
+        # ("L['self'].levels..." where the backbone is compiled by itself)
         modules = sorted({
-            path.split('.')[1] for node in gm.graph.nodes
+            self.root or path.split('.')[1] for node in gm.graph.nodes
             for path, _ in node.meta.get('nn_module_stack', {}).values()
-            if '.' in path})
+            if self.root or '.' in path})
         trace = torch._guards.CompileContext.current_trace_id()
         frame = str(trace.compile_id) if trace else None
         graph = dict(modules=modules, nodes=len(gm.graph.nodes),
@@ -75,7 +87,8 @@ class CountingBackend:
         return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
 
 
-def _build_runner(work_dir: str, iters: int, compile_cfg, graphs=()):
+def _build_runner(work_dir: str, iters: int, compile_cfg, graphs=(),
+                  custom_hooks=()):
     from mmengine.config import Config
     from mmengine.hooks import Hook
     from mmengine.runner import Runner
@@ -100,6 +113,7 @@ def _build_runner(work_dir: str, iters: int, compile_cfg, graphs=()):
         cfg[f'{key}_dataloader'] = cfg[f'{key}_cfg'] = None
         cfg[f'{key}_evaluator'] = None
     cfg.compile = compile_cfg
+    cfg.custom_hooks = list(custom_hooks)
     runner = Runner.from_cfg(cfg)
 
     class Record(Hook):
@@ -153,15 +167,24 @@ def _failure(err: BaseException, counting: CountingBackend,
                 graph_modules=last.get('modules'))
 
 
-def run(form: str, backend: str, iters: int) -> dict:
+def run(form: str, backend: str, iters: int,
+        mkldnn: bool = True) -> dict:
     import logging
-    counting = CountingBackend(backend)
+    counting = CountingBackend(backend,
+                               root='backbone' if form == 'backbone' else None)
     # by name: mmengine writes the config out as text
     name = f'posmlp_counting_{backend}'
     torch._dynamo.register_backend(counting, name=name)
-    compile_cfg = (dict(backend=name) if form == 'true'
-                   else dict(backend=name, dynamic=True))
-    with tempfile.TemporaryDirectory() as tmp:
+    hooks = []
+    if form == 'true':
+        compile_cfg = dict(backend=name)
+    elif form == 'dict':
+        compile_cfg = dict(backend=name, dynamic=True)
+    else:
+        compile_cfg = None
+        hooks = [dict(type='CompileBackboneHook', backend=name, dynamic=True)]
+    with tempfile.TemporaryDirectory() as tmp, \
+            torch.backends.mkldnn.flags(enabled=mkldnn):
         start = time.time()
         log(f'eager: 1 iteration of {CONFIG}')
         runner, eager = _build_runner(osp.join(tmp, 'eager'), 1, None)
@@ -178,7 +201,7 @@ def run(form: str, backend: str, iters: int) -> dict:
         try:
             runner, compiled = _build_runner(osp.join(tmp, 'compiled'),
                                              iters, compile_cfg,
-                                             counting.graphs)
+                                             counting.graphs, hooks)
             t0 = time.time()
             try:
                 runner.train()
@@ -196,7 +219,7 @@ def run(form: str, backend: str, iters: int) -> dict:
     first = compiled.losses[0] if compiled.losses else None
     return dict(
         config=CONFIG, form=form, backend=backend, iters=iters,
-        torch=torch.__version__,
+        mkldnn=mkldnn, torch=torch.__version__,
         input_shapes=compiled.shapes,
         losses=compiled.losses,
         eager_first_losses=ref,
@@ -247,10 +270,15 @@ def render(results) -> str:
     for r in results:
         if r['form'] == 'dict':
             form = f"`dict(backend='{r['backend']}', dynamic=True)`"
+        elif r['form'] == 'backbone':
+            form = (f"none; `CompileBackboneHook(backend='{r['backend']}', "
+                    "dynamic=True)`")
         elif r['backend'] == 'inductor':
             form = '`True`'
         else:  # True's defaults but the backend
             form = f"`dict(backend='{r['backend']}')`"
+        if not r.get('mkldnn', True):
+            form += ', mkldnn off'
         sizes = {tuple(max(s[i] for s in batch) for i in (0, 1))
                  for batch in r['input_shapes']}
         after = r['graphs_after_each_iteration']
@@ -290,9 +318,13 @@ def render(results) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--form', choices=('true', 'dict'), default='true')
+    parser.add_argument('--form', choices=('true', 'dict', 'backbone'),
+                        default='true')
     parser.add_argument('--backend', default='inductor')
     parser.add_argument('--iters', type=int, default=8)
+    parser.add_argument('--without-mkldnn', action='store_true',
+                        help='disable torch.backends.mkldnn in both runs: '
+                        'inductor then chooses layouts as on a CUDA device')
     parser.add_argument('--json', default=None)
     parser.add_argument('--update-doc', default=None, metavar='PAGE',
                         help='write the section "mmengine-compile" of PAGE '
@@ -314,7 +346,8 @@ def main(argv=None):
     if not osp.isdir('data/demo_coco'):
         parser.error('data/demo_coco is missing: run python '
                      'tools/make_demo_data.py first')
-    result = run(args.form, args.backend, args.iters)
+    result = run(args.form, args.backend, args.iters,
+                 mkldnn=not args.without_mkldnn)
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:

@@ -193,7 +193,8 @@ def test_import_registers_the_model_and_changes_nothing_else():
 
 def test_importing_the_runtime_registers_its_components(runtime_report):
     changes = runtime_report['runtime']
-    assert changes['hooks'] == ['AtomicCheckpointHook']
+    assert sorted(changes['hooks']) == ['AtomicCheckpointHook',
+                                        'CompileBackboneHook']
     assert changes['backends'] == ['local_atomic']
     assert changes['model_wrappers'] == ['CPUCompatibleDDP']
     assert changes['schemes'] == ['']  # mmengine's loader for local files
@@ -218,6 +219,9 @@ def test_runtime_components_are_mmengines_extension_points():
     from mmengine.runner.checkpoint import CheckpointLoader
     hook = HOOKS.build(dict(type='AtomicCheckpointHook', interval=1))
     assert isinstance(hook, runtime.AtomicCheckpointHook)
+    hook = HOOKS.build(dict(type='CompileBackboneHook', dynamic=True))
+    assert isinstance(hook, runtime.CompileBackboneHook)
+    assert hook.compile_cfg == dict(dynamic=True)
     assert isinstance(get_file_backend('/x', backend_args=dict(
         backend='local_atomic')), runtime.AtomicLocalBackend)
     assert MODEL_WRAPPERS.get('CPUCompatibleDDP') is runtime.CPUCompatibleDDP

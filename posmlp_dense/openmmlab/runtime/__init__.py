@@ -16,7 +16,11 @@ registers, the OpenMMLab way, what makes runs robust:
 * the forwarding of the package's log records into the run's log;
 * ``PlainGroupsOptimWrapperConstructor``, mmengine's optimizer constructor
   with parameter groups that torch.compile can trace (configs name it in
-  ``optim_wrapper.constructor``).
+  ``optim_wrapper.constructor``);
+* ``CompileBackboneHook``, torch.compile for the backbone alone (configs
+  name it in ``custom_hooks``): one graph for every input size, where a
+  compiled ``train_step`` compiles the backbone again with the neck at
+  each new size.
 
 Everything goes through mmengine's own registration points (registries,
 ``register_backend``, ``CheckpointLoader.register_scheme``); no module global
@@ -24,11 +28,12 @@ of mmengine or any other library is replaced.
 """
 from .atomic_backend import BACKEND_NAME, AtomicLocalBackend
 from .checkpoint_hook import AtomicCheckpointHook
+from .compile_backbone_hook import CompileBackboneHook
 from .cpu_ddp import CPUCompatibleDDP
 from .param_groups import PlainGroupsOptimWrapperConstructor
 from .run_log import RunLogHandler
 from .safe_checkpoints import load_from_local_weights_only
 
 __all__ = ['AtomicLocalBackend', 'AtomicCheckpointHook', 'BACKEND_NAME',
-           'CPUCompatibleDDP', 'PlainGroupsOptimWrapperConstructor',
-           'RunLogHandler', 'load_from_local_weights_only']
+           'CompileBackboneHook', 'CPUCompatibleDDP',
+           'PlainGroupsOptimWrapperConstructor', 'RunLogHandler', 'load_from_local_weights_only']
