@@ -44,6 +44,7 @@ import torch
 from .measure import log
 
 CONFIG = 'configs/demo/retinanet_posmlp_t_fpn_demo-shapes.py'
+PAD = 32  # the demo config's data_preprocessor.pad_size_divisor
 # (w, h), keep-ratio: every batch pads to a different multiple of 32
 SCALES = [(256, 192), (288, 224), (320, 240), (224, 160), (352, 256),
           (240, 208), (272, 176)]
@@ -279,8 +280,10 @@ def render(results) -> str:
             form = f"`dict(backend='{r['backend']}')`"
         if not r.get('mkldnn', True):
             form += ', mkldnn off'
-        sizes = {tuple(max(s[i] for s in batch) for i in (0, 1))
-                 for batch in r['input_shapes']}
+        # the batch as the backbone sees it: the data preprocessor pads
+        # to the largest image, then to a multiple of PAD
+        sizes = {tuple(-(-max(s[i] for s in batch) // PAD) * PAD
+                       for i in (0, 1)) for batch in r['input_shapes']}
         after = r['graphs_after_each_iteration']
         modules = r['graph_modules']
         first = sum('backbone' in m for m in modules[:after[0]])
