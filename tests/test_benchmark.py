@@ -715,3 +715,31 @@ def test_verdict_names_a_gap_in_page_faults():
             if says:
                 assert f'{posmlp:,} (PosMLP-T) against {swin:,} (Swin-T)' \
                     in text
+
+
+def test_mmengine_compile_row_pads_sizes_and_names_the_form():
+    """The docs' mmengine-compile table is rendered from the JSON: the
+    sizes are the batches as the backbone sees them (the largest image,
+    padded to 32), and each row names how the run compiled."""
+    from benchmarks.mmengine_compile import render
+    run = dict(config='c.py', form='dict', backend='inductor', iters=3,
+               torch='2.x', mkldnn=False, failure=None,
+               # 256x352 twice, then 160x224
+               input_shapes=[[[250, 341], [192, 256]], [[256, 330]],
+                             [[160, 200]]],
+               losses=[{}, {}, {}], first_loss_max_relative_difference=0.0,
+               graphs=2, graph_breaks=0, graph_modules=[['backbone'],
+                                                        ['backbone']],
+               abandoned_graph_modules=[],
+               graphs_after_each_iteration=[1, 2, 2],
+               recompiles_by_function={}, compiled_run_seconds=1.0)
+    hooked = dict(run, form='backbone', mkldnn=True, graphs=1,
+                  graph_modules=[['backbone']],
+                  graphs_after_each_iteration=[1, 1, 1])
+    rows = render([run, hooked]).splitlines()
+    assert rows[2].startswith(
+        "| `dict(backend='inductor', dynamic=True)`, mkldnn off | 3 "
+        "(2 sizes) | 2 (0) | 1, 1 |")
+    assert rows[3].startswith(
+        "| none; `CompileBackboneHook(backend='inductor', dynamic=True)` "
+        "| 3 (2 sizes) | 1 (0) | 1, 0 |")
