@@ -564,7 +564,8 @@ def test_compile_backbone_hook_compiles_the_backbone_once(data_root,
         runner.register_hook(record)
         runner.train()
         runs[kind] = record, runner.model.state_dict()
-    (eager, eager_state), (hooked, hooked_state) = runs['eager'], runs['hooked']
+    (eager, eager_state), (hooked, hooked_state) = (runs['eager'],
+                                                    runs['hooked'])
     assert len(hooked.sizes) >= 3, hooked.sizes  # sizes the graph must fit
     # one frame, the backbone's, compiled once (dynamo may hand its graph
     # over again after a restart that specializes float attributes)

@@ -36,4 +36,5 @@ from .safe_checkpoints import load_from_local_weights_only
 
 __all__ = ['AtomicLocalBackend', 'AtomicCheckpointHook', 'BACKEND_NAME',
            'CompileBackboneHook', 'CPUCompatibleDDP',
-           'PlainGroupsOptimWrapperConstructor', 'RunLogHandler', 'load_from_local_weights_only']
+           'PlainGroupsOptimWrapperConstructor', 'RunLogHandler',
+           'load_from_local_weights_only']
