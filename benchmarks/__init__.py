@@ -1,23 +1,15 @@
-"""The benchmark of posmlp_dense: the instruments behind
-``tools/benchmark.py``, ``tools/compare_models.py`` and
-``tools/compare_versions.py``.
+"""The measuring kit behind ``tools/benchmark.py`` and ``python -m
+benchmarks.gpu_check``; a package next to ``posmlp_dense``, which imports
+none of it.
 
-A package of its own, next to ``posmlp_dense`` and not in it: the model
-needs none of this, and ``import posmlp_dense`` loads none of it.
-
-- ``measure``: the instruments (timing, peak memory, saved activations,
-  MACs, matmul calibration, the interleaved runner, the scaling fit);
-- ``models``: the compared backbones; ``published_port``: the published
-  computation, the speed baseline of the token mixing;
-- ``inference`` and ``training``: the two parts of the benchmark
-  (``fresh_process`` is the entry point of a training row's fresh process);
-- ``isolated``: backbones timed each in a process of its own;
-- ``gpu_proxy``: device-independent GPU figures of a step (operations,
-  bytes written, host syncs, FLOPs), in fp32 and bf16, and the time they
-  imply on a GPU;
-- ``report``: target ratios, Markdown tables and the chart;
-  ``like_for_like``: the CPU table of PosMLP-T against Swin-T;
-  ``doc_sections``: the generated sections of docs/performance.md;
-- ``cli_sizes``: the one parser of the sizes the tools take on their
-  command lines.
+- ``timing``: the one timing function (``interleaved``) and peak memory;
+- ``steps``: the measured steps, and the bytes autograd saves;
+- ``models``, ``detectors``: the compared backbones and RetinaNets;
+- ``timed_steps``, ``gpu_proxy``, ``inductor_counts``, ``versions``,
+  ``mmengine_compile``: the measuring parts;
+- ``targets``, ``tables``, ``doc_sections``: ratios, Markdown and the
+  generated sections of docs/performance.md;
+- ``environment``: what a run records of its machine;
+- ``cli_sizes``: the sizes every tool takes on its command line;
+- ``gpu_check``: the GPU check (torch, timm and ONNX only).
 """

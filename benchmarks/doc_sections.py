@@ -1,15 +1,9 @@
-"""Sections of a Markdown page written from a benchmark's JSON, not by hand.
-
-A generated section sits between two marker lines::
+"""The generated sections of a Markdown page: the lines between
 
     <!-- generated: NAME ... -->
-    ...
     <!-- end generated: NAME -->
 
-``update_sections`` replaces what lies between them (the markers stay, the
-opening one rewritten to name the JSON it came from); the rest of the page,
-written by hand, is left as it is.
-"""
+are a tool's, written from its JSON; the rest of the page is by hand."""
 from __future__ import annotations
 
 import re
@@ -17,7 +11,7 @@ from typing import Dict
 
 
 def begin_marker(name: str, source: str,
-                 tool: str = 'tools/benchmark.py') -> str:
+                 tool: str = 'tools/benchmark.py render') -> str:
     return (f'<!-- generated: {name} by {tool} --update-doc '
             f'from {source}; not to be edited by hand -->')
 
@@ -27,10 +21,9 @@ def end_marker(name: str) -> str:
 
 
 def update_sections(text: str, sections: Dict[str, str], source: str,
-                    tool: str = 'tools/benchmark.py') -> str:
-    """``text`` with each named section's body replaced by ``sections[name]``.
-    Raises ValueError naming a section whose two markers the page lacks
-    (or has more than once)."""
+                    tool: str = 'tools/benchmark.py render') -> str:
+    """``text`` with each named section's lines replaced; ValueError names
+    a section whose markers the page lacks (or has twice)."""
     for name, body in sections.items():
         pattern = re.compile(
             r'^<!-- generated: ' + re.escape(name) + r'\b[^\n]*-->\n'
@@ -50,10 +43,8 @@ def update_sections(text: str, sections: Dict[str, str], source: str,
 
 
 def update_file(path: str, sections: Dict[str, str], source: str,
-                tool: str = 'tools/benchmark.py') -> None:
-    """``update_sections`` on the page at ``path``, written atomically;
-    ``tool``: the command the opening marker names as the section's
-    writer."""
+                tool: str = 'tools/benchmark.py render') -> None:
+    """``update_sections`` on the page at ``path``, written atomically."""
     from posmlp_dense.atomic_io import atomic_write_bytes
     with open(path, encoding='utf-8') as f:
         text = f.read()

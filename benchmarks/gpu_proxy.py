@@ -1,65 +1,15 @@
-"""Device-independent GPU figures of a step: how many operations launch
-work, how many bytes they write, how many force the host to wait for the
-device, and how many FLOPs they do; and from these an estimated time on a
-named GPU.
-
-On a GPU in eager mode every operation that does work is at least one
-kernel launch, paid for on the host whatever the kernel's size, so a model
-of many small operations is slow there even when a CPU, where each
-operation costs about its arithmetic, runs it fast. These counts say so on
-any machine, the CPU of a developer's laptop included: they depend only on
-the operations the model's forward (and backward) calls, seen at the level
-of ATen (the operators a device's kernels implement) by a
-``TorchDispatchMode``, on the code path the model takes on a CUDA device
-(``counting_place``: a model may run differently on a CPU).
-
-What counts as an operation:
-
-- counted: every ATen operation that computes or fills memory, in-place
-  and ``out=`` variants included (``zeros``, ``fill_``, ``copy_``,
-  ``clone`` count: each writes memory);
-- not counted (they launch no kernel): views and other metadata-only
-  operations (every operator whose schema returns an alias of an input,
-  such as ``view``, ``reshape`` as a view, ``permute``, ``transpose``,
-  ``t``, ``expand``, ``as_strided``, ``slice``, ``select``, ``unsqueeze``,
-  ``squeeze``, ``split``/``chunk``, ``detach``, ``alias``; the in-place
-  view operators such as ``squeeze_``; ``_unsafe_view``), allocations
-  without a fill (``empty`` and its variants, ``resize_``), and operators
-  that return no tensor and read no data (size and stride queries).
-
-Bytes written: the sizes of the counted operations' tensor outputs (the
-mutated tensor of an in-place or ``out=`` operation included).
-
-Host syncs: operations that make the host read a value the device
-computed, so that the host waits for the device and the launch queue
-drains: ``_local_scalar_dense`` (``.item()``, ``bool(t)``, ``int(t)``),
-``is_nonzero``, ``equal``, ``allclose``, and operations whose output size
-depends on the data (``nonzero``, ``masked_select``, ``unique``,
-``repeat_interleave`` without ``output_size``, indexing with a boolean
-mask), and copies from a device to the host (seen only when counting on
-that device). A sync is also counted as an operation.
-
-Precision: each step is counted twice, in fp32 and under
-``torch.autocast`` with bfloat16 (``PRECISIONS``; the forward inside
-autocast, the loss and the backward outside it, as mixed-precision
-training runs). Autocast's policy depends on the device type: on CUDA it
-keeps ``layer_norm``, ``softmax``, ``sum``, ``exp``, ``pow``, ``rsqrt``
-and other reductions and transcendental functions in fp32 (their outputs
-fp32, so the next matmul casts them back), on the CPU it lowers the same
-matmuls and convolutions but keeps none of these in fp32. The counts
-follow the policy of the device type where a step is counted
-(``counting_place``): CUDA's for steps on real or fake CUDA tensors
-(``autocast_enabled`` switches CUDA autocast on without a GPU, which
-``torch.autocast`` refuses to do), the CPU's for steps counted on CPU
-tensors.
-"""
+"""Device-independent GPU figures of one step: the ATen operations that
+launch work (on a GPU in eager mode each is at least one kernel launch),
+the bytes they write, the host syncs, the FLOPs, in fp32 and under
+bfloat16 autocast; and the time they imply on a named GPU. What counts as
+what is set out in docs/performance.md, "GPU proxy"."""
 from __future__ import annotations
 
 import contextlib
 import copy
 import dataclasses
 import warnings
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -67,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from .measure import log, make_input, make_step, set_mode
+from .steps import STEP_MODES, make_input, make_step, set_mode, step_name
 
 aten = torch.ops.aten
 
@@ -78,7 +28,7 @@ METADATA_ONLY = frozenset({
     aten.new_empty, aten.new_empty_strided, aten.resize_, aten.set_,
     aten._unsafe_view, aten.lift_fresh,
 })
-# Operators that make the host read device data (see the module's text).
+# Operators that make the host read device data.
 HOST_READS = frozenset({
     aten._local_scalar_dense, aten.is_nonzero, aten.equal, aten.allclose,
     aten.nonzero, aten.masked_select, aten.unique_consecutive,
@@ -88,19 +38,12 @@ HOST_READS = frozenset({
 MASK_INDEXING = frozenset({aten.index, aten.index_put, aten.index_put_,
                            aten._index_put_impl_})
 
-# The benchmark's steps: (mode, (batch, height, width)); 'inference' is a
-# forward in eval mode without autograd, 'train' a forward and backward in
-# train mode (``measure.make_step``). The 448x672 steps are sizes at which
-# every level of PosMLP-T and Swin-T tiles by whole windows: no padding in
-# either, so their ratios are the architectures' own, without the window
-# layout's share.
+# (mode, (batch, height, width)); at 448x672 every level of PosMLP-T and
+# Swin-T tiles by whole windows: neither pads.
 STEPS = (('inference', (1, 800, 1333)), ('inference', (2, 512, 512)),
          ('train', (2, 512, 512)), ('train', (2, 800, 1333)),
          ('inference', (1, 448, 672)), ('train', (2, 448, 672)))
-STEP_MODES = {'inference': 'fwd', 'train': 'fwdbwd'}
 MODELS = ('posmlp_t', 'swin_t', 'resnet50')
-# The arithmetic a step is counted in: fp32 throughout, or the forward
-# under autocast with bfloat16 (see the module's text).
 PRECISIONS = ('fp32', 'bf16')
 
 
@@ -133,12 +76,9 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the ATen operations run inside it: ``ops`` (those that launch
-    work), ``bytes_written`` (and per dtype, ``bytes_by_dtype``),
-    ``syncs``, the counts per operator (``by_op``; ``syncs_by_op``), and
-    the FLOPs of the operators ``FlopCounterMode`` counts, by the dtype
-    they compute in (``flops_by_dtype``: that of their first tensor
-    argument). See the module's text for what counts."""
+    """Counts the ATen operations run inside it: ``ops`` that launch work,
+    ``bytes_written``, ``syncs``, per operator, per dtype, and the FLOPs
+    of FlopCounterMode's operators by the dtype of their first operand."""
 
     def __init__(self):
         super().__init__()
@@ -214,17 +154,9 @@ H200 = GpuSpec(
 
 def estimate(ops: int, bytes_written: int, flops: float,
              spec: GpuSpec = H200, bf16_flops: float = 0.0) -> dict:
-    """Estimated seconds of one step on ``spec``'s GPU.
-
-    launch = ops x launch_s: the host issues the operations one by one;
-    memory = bytes written / bandwidth; compute = the ``bf16_flops`` of
-    the ``flops`` at peak_bf16_flops, the rest at peak_flops.
-    The device works through memory-bound and compute-bound kernels one
-    after another, so its time is memory + compute; the host launches
-    ahead of the device asynchronously, so the step takes the longer of
-    the two: estimate = max(launch, memory + compute). ``bound`` names
-    which side that is. (Reads are not counted, so memory is a lower
-    bound of the traffic's time.)"""
+    """Seconds of one step on ``spec``'s GPU: the host launches ahead of
+    a device that runs its kernels one after another, so the longer of
+    launch = ops x launch_s and memory + compute (``bound`` says which)."""
     launch = ops * spec.launch_s
     memory = bytes_written / spec.bandwidth
     if not 0 <= bf16_flops <= flops:
@@ -239,9 +171,7 @@ def estimate(ops: int, bytes_written: int, flops: float,
 
 
 def count_call(step, x) -> dict:
-    """Counts of one call ``step(x)``: OpCounter's and
-    ``FlopCounterMode``'s (matmuls and convolutions, forward and
-    backward)."""
+    """OpCounter's and FlopCounterMode's counts of one ``step(x)``."""
     from torch.utils.flop_counter import FlopCounterMode
     flops = FlopCounterMode(display=False)
     with flops, OpCounter() as ops:
@@ -256,10 +186,9 @@ def count_call(step, x) -> dict:
 
 @contextlib.contextmanager
 def autocast_enabled(device_type: str, dtype: torch.dtype = torch.bfloat16):
-    """Autocast to ``dtype`` for tensors of ``device_type``, switched on
-    through torch's autocast state as ``torch.autocast`` does on entry,
-    but also for 'cuda' on a machine without a GPU (fake CUDA tensors),
-    where ``torch.autocast('cuda')`` warns and stays off."""
+    """Autocast to ``dtype`` for ``device_type``, as ``torch.autocast``
+    switches it on, but also for 'cuda' without a GPU (fake CUDA tensors),
+    where ``torch.autocast('cuda')`` stays off."""
     enabled = torch.is_autocast_enabled(device_type)
     previous = torch.get_autocast_dtype(device_type)
     torch.set_autocast_enabled(device_type, True)
@@ -290,28 +219,17 @@ def forward_in(precision: str, model: nn.Module,
     return forward
 
 
-# Where a step is counted (``count_step``): real tensors on the CPU or on a
-# CUDA device, or fake CUDA tensors (torch's FakeTensorMode: shapes and
-# devices without data or arithmetic), which need no GPU.
+# Where a step is counted: real tensors on the CPU or a CUDA device, or
+# fake CUDA tensors (FakeTensorMode: shapes without data), which need no GPU.
 PLACES = ('cpu', 'cuda', 'fake-cuda')
-# Which code path of the models the counts follow (``counting_place``).
-PATHS = ('cuda', 'cpu')
 
 
-def counting_place(mode: str, path: str, device: torch.device) -> str:
-    """Where to count a step of ``mode`` so that the counts follow the
-    models' ``path`` ('cuda' or 'cpu'), on a run whose device is
-    ``device``.
-
-    A model may run differently on a GPU (PosMLP-T's stem trains in NCHW
-    on a CPU, channels-last elsewhere: one copy). Path 'cuda': real CUDA
-    tensors when the run has a GPU; without one, fake CUDA tensors for
-    inference, and real CPU tensors for training, as autograd's engine
-    needs a GPU for a backward on CUDA tensors, fake or not."""
-    if path not in PATHS:
-        raise ValueError(f'unknown path {path!r}; choose from {PATHS}')
-    if path == 'cpu':
-        return 'cpu'
+def counting_place(mode: str, device: torch.device) -> str:
+    """Where a step of ``mode`` is counted so that the counts follow the
+    models' CUDA code path (PosMLP-T's stem, for one, differs on a CPU):
+    real CUDA tensors on a GPU; without one, fake CUDA tensors for
+    inference and the CPU for training (autograd's engine needs a GPU for
+    a backward on CUDA tensors, fake or not)."""
     if device.type == 'cuda':
         return 'cuda'
     return 'fake-cuda' if mode == 'inference' else 'cpu'
@@ -320,14 +238,10 @@ def counting_place(mode: str, path: str, device: torch.device) -> str:
 def count_step(model: nn.Module, mode: str, shape: Sequence[int],
                place: str = 'cpu', seed: int = 0,
                precision: str = 'fp32') -> dict:
-    """Counts (``count_call``) of one step of ``model``: ``mode``
-    'inference' or 'train', input ``shape`` = (batch, height, width), 3
-    channels, counted at ``place`` (``PLACES``): real tensors on 'cpu' or
-    'cuda' (the model must be there), or 'fake-cuda', a copy of the model
-    on fake CUDA tensors (inference only); in ``precision`` (``PRECISIONS``;
-    bf16: the forward under the autocast policy of the place's device
-    type). A step before the counted one fills the model's caches, and the
-    gradients are dropped between them, so the count is that of a step in
+    """Counts (``count_call``) of one step of ``model``, input ``shape`` =
+    (B, H, W), at ``place`` (the model must be there, or for 'fake-cuda'
+    a copy goes), in ``precision`` (bf16: autocast with the policy of the
+    place's device type). An uncounted step first fills the caches, as in
     a loop."""
     if place not in PLACES:
         raise ValueError(f'unknown place {place!r}; choose from {PLACES}')
@@ -373,59 +287,50 @@ def count_step(model: nn.Module, mode: str, shape: Sequence[int],
 
 
 class NeedsData(RuntimeError):
-    """A step on fake tensors reached an operation whose result depends on
-    the tensors' data (a host sync); ``run_gpu_proxy`` then counts that
-    step on real CPU tensors."""
-
-
-def step_name(mode: str, shape: Sequence[int]) -> str:
-    return f"{mode} {'x'.join(map(str, [shape[0], 3, *shape[1:]]))}"
+    """A step on fake tensors reached a host sync: fake tensors have no
+    value to give the host."""
 
 
 def counted_row(model: nn.Module, name: str, mode: str,
                 shape: Sequence[int], place: str, precision: str,
-                spec: GpuSpec, seed: int, start: Optional[float]) -> dict:
-    """One model's counts of one step in ``precision`` at ``place``
-    (falling back to real CPU tensors where fake ones need data), where
-    they were counted, and the estimate on ``spec``."""
+                spec: GpuSpec, seed: int, log: Callable[[str], None]) -> dict:
+    """One model's counts of one step, where they were counted (real CPU
+    tensors where fake ones need data) and the estimate on ``spec``."""
     where = place
     try:
         counts = count_step(model, mode, shape, where, seed, precision)
     except NeedsData as e:
-        log(f'gpu proxy {step_name(mode, shape)} {name} {precision}: {e}; '
-            f'counting it on real CPU tensors', start)
+        log(f'{step_name(mode, shape)} {name} {precision}: {e}; counting '
+            f'it on real CPU tensors')
         where = 'cpu'
         counts = count_step(model, mode, shape, where, seed, precision)
     row = dict(counted_on=where, **counts)
     row.update(estimate(row['ops'], row['bytes_written'], row['flops'],
                         spec, row['flops_by_dtype'].get('bfloat16', 0)))
-    log(f'gpu proxy {step_name(mode, shape):<22s} {name:<10s} {precision} '
-        f'{row["ops"]:6d} ops  {row["bytes_written"] / 1e9:7.3f} GB '
-        f'written  {row["syncs"]} syncs  {row["flops"] / 1e9:8.1f} GFLOP  '
-        f'estimate {row["estimate_s"] * 1e3:7.2f} ms on {spec.name} '
-        f'({row["bound"]}-bound; counted on {where})', start)
+    log(f'{step_name(mode, shape):<22s} {name:<10s} {precision} '
+        f'{row["ops"]:6d} ops  {row["bytes_written"] / 1e9:7.3f} GB  '
+        f'{row["syncs"]} syncs  estimate {row["estimate_s"] * 1e3:7.2f} ms '
+        f'({row["bound"]}-bound; counted on {where})')
     return row
 
 
 def run_gpu_proxy(models: Dict[str, nn.Module],
                   steps: Sequence[Tuple[str, Sequence[int]]],
-                  device: torch.device, path: str = 'cuda',
-                  spec: GpuSpec = H200, seed: int = 0,
-                  start: Optional[float] = None, bf16: bool = True) -> dict:
-    """A row per (step, model): the fp32 counts, where they were counted
-    (``counting_place``) and the estimate on ``spec``, and with ``bf16``
-    the same under bfloat16 autocast in the row's 'bf16' entry; with the
-    spec itself, for the report. ``models`` are on ``device``, or on the
-    CPU when the run has no GPU or ``path`` is 'cpu'."""
+                  device: torch.device, spec: GpuSpec = H200, seed: int = 0,
+                  bf16: bool = True, log: Callable[[str], None] = print
+                  ) -> dict:
+    """A row per (step, model): the fp32 counts and the estimate on
+    ``spec``, and with ``bf16`` the same under bfloat16 autocast in the
+    row's 'bf16' entry. ``models`` are on ``device``."""
     rows = []
     for mode, shape in steps:
-        place = counting_place(mode, path, device)
+        place = counting_place(mode, device)
         for name, model in models.items():
-            row = dict(model=name, mode=mode, shape=list(shape), path=path,
+            row = dict(model=name, mode=mode, shape=list(shape),
                        **counted_row(model, name, mode, shape, place, 'fp32',
-                                     spec, seed, start))
+                                     spec, seed, log))
             if bf16:
                 row['bf16'] = counted_row(model, name, mode, shape, place,
-                                          'bf16', spec, seed, start)
+                                          'bf16', spec, seed, log)
             rows.append(row)
-    return dict(gpu=dataclasses.asdict(spec), path=path, rows=rows)
+    return dict(gpu=dataclasses.asdict(spec), path='cuda', rows=rows)

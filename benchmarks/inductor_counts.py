@@ -1,35 +1,18 @@
-"""What fusion leaves: the kernels inductor makes of one step, and the
-bytes they move.
-
-The GPU proxy (gpu_proxy.py) counts an eager step: every ATen operation is
-a launch and writes its whole output. Under ``torch.compile`` inductor
-fuses elementwise work into the kernels around it, so a compiled step has
-fewer launches and moves fewer bytes. This module compiles a step of a
-model at one input size (inductor, static shapes), runs it once, and reads
-what inductor reports of each graph it lowered (the forward, and in
-training the backward): its scheduler's nodes after fusion, each one
-kernel launch (a generated kernel, or an extern call such as a matmul or a
-convolution), and ``num_bytes_accessed``, the bytes those kernels read and
-write (inductor's ``inductor_metrics`` log artifact).
-
-Counted on this machine's inductor backend (C++ on a CPU). The same graphs
-lowered for CUDA fuse much alike but not identically (Triton templates,
-other fusion limits): a proxy, to set beside the eager counts, not a GPU
-measurement. Eager bytes count writes only; these count reads and writes.
+"""What fusion leaves: the kernels inductor makes of one step (static
+shapes, this machine's backend: C++ on a CPU) and the bytes they read and
+write, from inductor's ``inductor_metrics`` log of each graph it lowers.
+A proxy for a CUDA lowering, which fuses much alike (docs/performance.md).
 """
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from .gpu_proxy import count_step
-from .measure import make_input, make_step, set_mode
-from .models import LABELS
-
-STEP_MODES = {'inference': 'fwd', 'train': 'fwdbwd'}
+from .steps import STEP_MODES, make_input, make_step, set_mode
 
 # the logger inductor writes each lowered graph's metrics to, when the
 # ``inductor_metrics`` artifact is on
@@ -101,7 +84,8 @@ def count_compiled_step(model: nn.Module, mode: str,
 
 def run_inductor_counts(models: Dict[str, nn.Module],
                         steps: Sequence[Tuple[str, Sequence[int]]],
-                        seed: int = 0, log=print) -> dict:
+                        seed: int = 0, log: Callable[[str], None] = print
+                        ) -> dict:
     """A row per (step, model): ``count_compiled_step``, and the eager
     step's operations and bytes written (gpu_proxy.count_step, fp32, on
     CPU tensors) under 'eager'."""
@@ -122,56 +106,3 @@ def run_inductor_counts(models: Dict[str, nn.Module],
                              **counts))
     return dict(backend='inductor', device='cpu', torch=torch.__version__,
                 rows=rows)
-
-
-def inductor_counts_markdown(report: dict, heading: str = '###'
-                             ) -> List[str]:
-    """The section of ``run_inductor_counts``'s rows (report key
-    'inductor_counts'), with PosMLP-T / Swin-T ratios where both ran."""
-    c = report.get('inductor_counts')
-    if not c:
-        return []
-    env = report.get('environment', {})
-    lines = [
-        '', f'{heading} What fusion leaves: inductor kernels and bytes', '',
-        f"Each step compiled with `torch.compile(model, dynamic=False)` "
-        f"(inductor, {c['device']} backend) at its size, with torch "
-        f"{c['torch']} at commit {(env.get('git_commit') or '?')[:7]}: the "
-        f"kernels of the graphs inductor lowered (forward, and backward in "
-        f"training) after fusion, extern calls (matmuls, convolutions) "
-        f"among them, and the bytes they read and write (inductor's "
-        f"`num_bytes_accessed`). Beside them the eager step's operations "
-        f"and bytes written, as the GPU proxy counts them (fp32). A CUDA "
-        f"lowering fuses much alike, not identically: a proxy.", '',
-        '| step | model | eager operations | eager bytes written (GB) | '
-        'compiled kernels (extern) | compiled bytes read + written (GB) |',
-        '| --- | --- | ---: | ---: | ---: | ---: |']
-    for r in c['rows']:
-        b, h, w = r['shape']
-        lines.append(
-            f"| {r['mode']} {b}x3x{h}x{w} | {LABELS.get(r['model'], r['model'])}"
-            f" | {r['eager']['ops']:,} | {r['eager']['bytes_written'] / 1e9:.3f}"
-            f" | {r['kernels']:,} ({r['extern_kernels']:,}) | "
-            f"{r['bytes_accessed'] / 1e9:.3f} |")
-    ratios = []
-    for r in c['rows']:
-        if r['model'] != 'posmlp_t':
-            continue
-        swin = next((s for s in c['rows'] if s['model'] == 'swin_t' and
-                     (s['mode'], s['shape']) == (r['mode'], r['shape'])),
-                    None)
-        if swin is None:
-            continue
-        b, h, w = r['shape']
-        ratios.append(
-            f"| {r['mode']} {b}x3x{h}x{w} | "
-            f"{r['eager']['ops'] / swin['eager']['ops']:.2f} | "
-            f"{r['eager']['bytes_written'] / swin['eager']['bytes_written']:.2f}"
-            f" | {r['kernels'] / swin['kernels']:.2f} | "
-            f"{r['bytes_accessed'] / swin['bytes_accessed']:.2f} |")
-    if ratios:
-        lines += ['', 'PosMLP-T / Swin-T (below 1 is better):', '',
-                  '| step | eager operations | eager bytes written | '
-                  'compiled kernels | compiled bytes |',
-                  '| --- | ---: | ---: | ---: | ---: |'] + ratios
-    return lines

@@ -1,6 +1,6 @@
 """benchmarks.gpu_proxy: the operations, bytes written, host syncs and FLOPs
-of a step, the time estimate built from them, issue 30's verdicts, and the
-GPU-proxy section of docs/performance.md generated from its JSON."""
+of a step, the time estimate built from them, issue 30's verdicts, the
+GPU-proxy section, and tools/benchmark.py's gpu-proxy and compile parts."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +16,8 @@ from benchmarks.doc_sections import end_marker, update_sections
 from benchmarks.gpu_proxy import (H200, PRECISIONS, NeedsData, OpCounter,
                                   autocast_enabled, count_call, count_step,
                                   counting_place, estimate, run_gpu_proxy)
-from benchmarks.report import gpu_proxy_markdown, gpu_proxy_targets, verdict
+from benchmarks.tables import gpu_proxy_section
+from benchmarks.targets import gpu_proxy_targets, verdict
 from posmlp_dense import PosMLP
 from posmlp_dense.token_mixing import level_mixings
 
@@ -24,7 +25,6 @@ from conftest import TINY_ARCH, load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, 'docs', 'performance.md')
-DOC_JSON = os.path.join(ROOT, 'docs', 'performance', 'gpu_proxy.json')
 
 
 def counted(fn, *args) -> OpCounter:
@@ -145,13 +145,10 @@ def test_where_steps_are_counted():
     cpu, cuda = torch.device('cpu'), torch.device('cuda')
     # the CUDA path: real CUDA tensors on a GPU; without one, fake CUDA
     # tensors for inference and the CPU for training
-    assert counting_place('inference', 'cuda', cuda) == 'cuda'
-    assert counting_place('train', 'cuda', cuda) == 'cuda'
-    assert counting_place('inference', 'cuda', cpu) == 'fake-cuda'
-    assert counting_place('train', 'cuda', cpu) == 'cpu'
-    assert counting_place('inference', 'cpu', cuda) == 'cpu'
-    with pytest.raises(ValueError, match='unknown path'):
-        counting_place('train', 'tpu', cpu)
+    assert counting_place('inference', cuda) == 'cuda'
+    assert counting_place('train', cuda) == 'cuda'
+    assert counting_place('inference', cpu) == 'fake-cuda'
+    assert counting_place('train', cpu) == 'cpu'
 
 
 def test_fake_cuda_counts_the_same_operations_without_a_gpu():
@@ -185,7 +182,7 @@ def test_a_step_that_syncs_is_counted_on_real_tensors():
     proxy = run_gpu_proxy({'toy': Branching()}, [('inference', (1, 8, 8))],
                           torch.device('cpu'))
     (row,) = proxy['rows']
-    assert row['counted_on'] == 'cpu' and row['path'] == 'cuda'
+    assert row['counted_on'] == 'cpu' and proxy['path'] == 'cuda'
     assert row['syncs'] == 1 and row['ops'] == 4  # mean, gt, read, add
 
 
@@ -298,20 +295,6 @@ def doc_section() -> str:
     return match.group(1)
 
 
-def test_the_docs_section_is_the_one_generated_from_its_json():
-    """docs/performance.md's GPU-proxy section is written from the JSON it
-    names (tools/benchmark.py --from-json ... --update-doc), not by hand."""
-    from benchmarks.report import target_lines
-    with open(DOC_JSON) as f:
-        report = json.load(f)
-    report['targets'] = target_lines(report)
-    body = '\n'.join(gpu_proxy_markdown(report, heading='##')).strip('\n')
-    assert doc_section().strip('\n') == body
-    models = {r['model'] for r in report['gpu_proxy']['rows']}
-    assert {'posmlp_t', 'swin_t', 'resnet50'} <= models
-    assert all(r.get('bf16') for r in report['gpu_proxy']['rows'])
-
-
 def test_generated_sections_replace_only_their_own_lines():
     page = ('# Title\n\nhand-written\n\n<!-- generated: gpu-proxy old -->\n'
             'old table\n<!-- end generated: gpu-proxy -->\n\nmore prose\n')
@@ -361,9 +344,8 @@ def test_the_bf16_column_next_to_fp32():
         rows[0]['bf16']['estimate_s'] / rows[1]['bf16']['estimate_s'])
     assert entry['missed'] == ['bytes written 2.00x']  # fp32's, not bf16's
     spec = dict(dataclasses.asdict(H200))
-    report = dict(gpu_proxy=dict(gpu=spec, path='cuda', rows=rows),
-                  targets=dict(gpu_proxy=[entry]))
-    text = '\n'.join(gpu_proxy_markdown(report))
+    report = dict(gpu_proxy=dict(gpu=spec, path='cuda', rows=rows))
+    text = gpu_proxy_section(report)
     assert '| peak arithmetic rate, bf16 | 989 TFLOP/s |' in text
     assert ('| inference 2x3x512x512 | PosMLP-T | 120 | 1.500 | 0.500 | '
             '75.0 % | 0.60 | 0.31 |') in text
@@ -372,8 +354,7 @@ def test_the_bf16_column_next_to_fp32():
     for r in rows:
         del r['bf16']
     del spec['peak_bf16_flops']
-    report['targets'] = dict(gpu_proxy=gpu_proxy_targets(rows))
-    text = '\n'.join(gpu_proxy_markdown(report))
+    text = gpu_proxy_section(report)
     assert '| 67 TFLOP/s |' in text
     for bf16_text in ('rate, bf16', 'bf16 (autocast)', 'estimate, bf16',
                       '- Precision:'):
@@ -401,21 +382,19 @@ def test_issue_30_targets_per_step():
     assert gpu_proxy_targets([row('posmlp_t', 'train', 1, 1)]) == []
 
 
-def test_benchmark_gpu_proxy_only(tmp_path):
+def test_benchmark_gpu_proxy_part(tmp_path):
     bench = load_tool('benchmark')
     page = tmp_path / 'perf.md'
     page.write_text('# Perf\n\n<!-- generated: gpu-proxy -->\n'
                     '<!-- end generated: gpu-proxy -->\n\nhand-written\n')
     out = tmp_path / 'proxy.json'
     report = bench.main([
-        '--gpu-proxy-only', '--device', 'cpu',
-        '--posmlp-arch', json.dumps(TINY_ARCH),
-        '--gpu-proxy-models', 'posmlp_t,swin_t',
-        '--gpu-proxy-steps', 'inference:1x56x56,train:1x56x56',
-        '--calib-size', '128', '--out', str(out),
+        'gpu-proxy', '--device', 'cpu', '--posmlp-arch',
+        json.dumps(TINY_ARCH), '--models', 'posmlp_t,swin_t',
+        '--steps', 'inference:1x56x56,train:1x56x56', '--out', str(out),
         '--update-doc', str(page)])
-    assert report['results'] == [] and report['training'] == []
     rows = json.loads(out.read_text())['gpu_proxy']['rows']
+    assert rows == json.loads(json.dumps(report['gpu_proxy']['rows']))
     assert [(r['model'], r['mode']) for r in rows] == [
         ('posmlp_t', 'inference'), ('swin_t', 'inference'),
         ('posmlp_t', 'train'), ('swin_t', 'train')]
@@ -425,40 +404,34 @@ def test_benchmark_gpu_proxy_only(tmp_path):
         [r['counted_on'] for r in rows]
     assert all(r['bf16']['flops'] == r['flops'] and
                r['bf16']['estimate_s'] > 0 for r in rows)
-    entries = report['targets']['gpu_proxy']
+    entries = gpu_proxy_targets(rows)
     assert [e['mode'] for e in entries] == ['inference', 'train']
     text = page.read_text()
     assert text.startswith('# Perf\n\n<!-- generated: gpu-proxy by ')
     assert text.endswith('\n\nhand-written\n')
-    assert '## GPU proxy' in text and verdict(entries[0]) in text
+    assert verdict(entries[0]) in text
     assert 'bf16 (autocast), the same steps:' in text
-    assert '### GPU proxy' in (tmp_path / 'proxy.md').read_text()
     report = bench.main([
-        '--gpu-proxy-only', '--gpu-proxy-fp32-only', '--device', 'cpu',
-        '--posmlp-arch', json.dumps(TINY_ARCH), '--gpu-proxy-models',
-        'posmlp_t', '--gpu-proxy-steps', 'inference:1x56x56',
-        '--calib-size', '128', '--no-chart', '--out', str(out)])
+        'gpu-proxy', '--fp32-only', '--device', 'cpu', '--posmlp-arch',
+        json.dumps(TINY_ARCH), '--models', 'posmlp_t', '--steps',
+        'inference:1x56x56', '--out', str(out)])
     assert 'bf16' not in report['gpu_proxy']['rows'][0]
 
 
-def test_benchmark_compile_only(tmp_path):
-    """The benchmark's torch.compile part: one training step compiled with
-    dynamic shapes, timed against eager, then further sizes in the same
-    graph; its figures go to the JSON, the Markdown and the page's
-    "compile" section, and a page without that section is refused."""
+def test_benchmark_compile_part(tmp_path):
+    """One training step compiled with dynamic shapes and with torch's
+    default, timed against eager, then further sizes; the figures go to
+    the JSON and the page's "compile" section."""
     bench = load_tool('benchmark')
     page = tmp_path / 'perf.md'
     page.write_text('# Perf\n\n<!-- generated: compile -->\n'
                     '<!-- end generated: compile -->\n')
     out = tmp_path / 'compiled.json'
-    report = bench.main([
-        '--compile-only', '--device', 'cpu', '--compile-backend', 'eager',
-        '--posmlp-arch', json.dumps(TINY_ARCH), '--compile-shape', '40x70',
-        '--compile-cases', '2:true,1:none', '--compile-sizes',
-        '56x64,48x90', '--compile-repeats', '1',
-        '--calib-size', '128', '--no-chart', '--out', str(out),
-        '--update-doc', str(page)])
-    assert report['results'] == [] and report['training'] == []
+    bench.main([
+        'compile', '--device', 'cpu', '--backend', 'eager',
+        '--posmlp-arch', json.dumps(TINY_ARCH), '--shape', '40x70',
+        '--cases', '2:true,1:none', '--sizes', '56x64,48x90',
+        '--repeats', '1', '--out', str(out), '--update-doc', str(page)])
     dynamic, default = json.loads(out.read_text())['compile']
     for c in dynamic, default:
         assert c['passed'], c['detail']
@@ -472,50 +445,11 @@ def test_benchmark_compile_only(tmp_path):
     # compiles one with dynamic sizes, the second reuses it
     assert (dynamic['graphs'], dynamic['other_size_new_graphs']) == (1, [0, 0])
     assert (default['graphs'], default['other_size_new_graphs']) == (2, [1, 0])
-    assert '## torch.compile: PosMLP (custom arch) training step' in \
-        page.read_text()
-    table = (tmp_path / 'compiled.md').read_text()
-    assert '| graphs for 3 sizes | 1 | 2 |' in table
+    text = page.read_text()
+    assert 'PosMLP (custom arch), backend `eager`' in text
+    assert '| graphs for 3 sizes | 1 | 2 |' in text
     assert '| further sizes that compiled a graph (first call) | none | ' \
-           '56x64 (' in table
-    plain = tmp_path / 'plain.md'
-    plain.write_text('<!-- generated: gpu-proxy -->\n'
-                     '<!-- end generated: gpu-proxy -->\n')
-    with pytest.raises(SystemExit):
-        bench.parse_args(['--compile-only', '--update-doc', str(plain)])
-    with pytest.raises(SystemExit, match='bad --compile-cases entry'):
-        bench.main(['--compile-only', '--compile-cases', '2:false',
-                    '--out', str(tmp_path / 'bad.json')])
-
-
-@pytest.mark.parametrize('argv, message', [
-    (['--gpu-proxy-only', '--gpu-proxy-steps', 'fwd:1x64x64'],
-     'bad --gpu-proxy-steps entry'),
-    (['--gpu-proxy-only', '--gpu-proxy-steps', 'train:64x64'],
-     'bad --gpu-proxy-steps shape'),
-    (['--gpu-proxy-only', '--gpu-proxy-models', 'vit'],
-     'unknown GPU-proxy model'),
-])
-def test_benchmark_refuses_bad_gpu_proxy_options(argv, message, tmp_path):
-    bench = load_tool('benchmark')
-    with pytest.raises(SystemExit, match=message):
-        bench.main(argv + ['--out', str(tmp_path)])
-
-
-def test_update_doc_is_checked_before_the_run(tmp_path, capsys):
-    bench = load_tool('benchmark')
-    page = tmp_path / 'plain.md'
-    page.write_text('# no markers\n')
-    with pytest.raises(SystemExit):
-        bench.parse_args(['--gpu-proxy-only', '--update-doc', str(page)])
-    assert "sections 'gpu-proxy'" in capsys.readouterr().err
-    page.write_text('<!-- generated: gpu-proxy -->\n'
-                    '<!-- end generated: gpu-proxy -->\n')
-    assert bench.parse_args(['--gpu-proxy-only', '--update-doc', str(page),
-                             '--out', str(tmp_path)]).update_doc == str(page)
-    with pytest.raises(SystemExit):  # a timed run writes the CPU table
-        bench.parse_args(['--training-only', '--update-doc', str(page)])
-    assert "sections 'cpu-vs-swin'" in capsys.readouterr().err
+           '56x64 (' in text
 
 
 @pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks.inductor_counts import (_METRICS_LOGGER, count_compiled_step,
-                                        inductor_counts_markdown)
+from benchmarks.inductor_counts import _METRICS_LOGGER, count_compiled_step
+from benchmarks.tables import inductor_counts_section
 
 
 class _Chain(nn.Module):
@@ -53,9 +53,9 @@ def test_markdown_sets_the_models_side_by_side():
                  extern_kernels=1, bytes_accessed=b, graphs=[{}])
             for m, ops, k, b in (('posmlp_t', 300, 90, 3e9),
                                  ('swin_t', 400, 120, 2e9))]
-    text = '\n'.join(inductor_counts_markdown(
-        dict(inductor_counts=dict(device='cpu', torch='x', rows=rows))))
+    text = inductor_counts_section(
+        dict(inductor_counts=dict(device='cpu', torch='x', rows=rows)))
     assert '| inference 1x3x64x64 | PosMLP-T | 300 | 2.000 | 90 (1) | 3.000 |' \
         in text
     assert '| inference 1x3x64x64 | 0.75 | 1.00 | 0.75 | 1.50 |' in text
-    assert inductor_counts_markdown({}) == []
+    assert inductor_counts_section({}) == ''

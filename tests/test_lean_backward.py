@@ -17,7 +17,7 @@ import torch
 from torch.func import functional_call
 
 from posmlp_dense import PosMLP
-from benchmarks.measure import SavedActivations
+from benchmarks.steps import SavedActivations
 from posmlp_dense.block_function import LeanBlock
 from posmlp_dense.gates import PoSGU
 

@@ -1,38 +1,30 @@
-"""GPU check of posmlp_dense with torch and timm alone (tier 1), and the
-OpenMMLab stack where it is importable (tier 2).
+"""The GPU check: posmlp_dense on a CUDA device with torch, timm and the
+ONNX packages alone (tier 1), and the OpenMMLab stack where it imports
+(tier 2). docs/gpu.md describes the rows.
 
-    python -m benchmarks.gpu_check --json $OUT/gpu_check.json
+    python -m benchmarks.gpu_check --json gpu_check.json
     python -m benchmarks.gpu_check --device cpu --tiny   # a dry run
 
-Run from the repository root: ``-m`` imports the package from the source
-tree, so nothing is installed or built. Sections, in order: numerics
-(fp32 on the device against a float64 CPU reference, every gate, a tiled,
-an untiled and a smaller-than-a-window size), autocast (bf16, fp16),
-training (steps with AdamW, fp16 with a GradScaler), speed (against timm's
-Swin-T and ResNet-50: CUDA events, medians, max_memory_allocated),
-compile (torch.compile time and step), export (ONNX Runtime), detector
-(tier 2). Every check prints a row: ok, FAIL or skipped with the reason;
-the exit status is 1 if any check failed. docs/gpu.md describes the rows.
+Every check prints a row, ok, FAIL or skipped with the reason; the exit
+status is 1 if any check failed.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
-import platform
 import time
-from importlib import metadata
 from typing import Callable, Dict, List, Tuple
 
 import torch
 
 from posmlp_dense.archs import GATES
 from posmlp_dense.atomic_io import atomic_write_bytes
-from ..measure import MEMORY_METHODS, environment, matmul_calibration
-from ..report import target_lines
 from posmlp_dense.optional_deps import is_installed
+from ..environment import environment
+from ..targets import target_lines
+from ..timing import MEMORY_METHODS
 from . import detector as tier2
 from .compiled import compiled_step
 from .models import LABELS, perturb_, posmlp, speed_models
@@ -66,18 +58,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                    'dry run of the test suite)')
     p.add_argument('--json', metavar='PATH',
                    help='also write every row and figure as JSON, after each '
-                   "section; it is a benchmark report: `python "
-                   "tools/benchmark.py --from-json PATH --no-chart` renders "
-                   'its tables')
+                   'section; it is a benchmark report: `python '
+                   'tools/benchmark.py render PATH` renders its tables')
     p.add_argument('--only', metavar='SECTIONS',
                    help=f'comma list from {",".join(SECTIONS)} (default: all)')
     p.add_argument('--compile-backend', default='inductor',
                    help='torch.compile backend (default inductor; eager or '
                    'aot_eager trace without generating code, for dry runs)')
-    p.add_argument('--time-limit', type=float, default=330.0,
-                   metavar='SECONDS',
-                   help='checks that would start later than this are '
-                   'skipped (default 330; 0: no limit)')
+    p.add_argument('--time-limit', type=float, default=0.0,
+                   metavar='SECONDS', help='checks that would start later '
+                   'than this are skipped (default 0: no limit)')
     p.add_argument('--seed', type=int, default=0)
     args = p.parse_args(argv)
     if args.only:
@@ -100,31 +90,6 @@ def choose_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return 'not installed'
-
-
-class Lazy:
-    """Objects built on first use and dropped at the end of a section."""
-
-    def __init__(self):
-        self._items: Dict[tuple, object] = {}
-
-    def get(self, key: tuple, build: Callable[[], object]):
-        if key not in self._items:
-            self._items[key] = build()
-        return self._items[key]
-
-    def clear(self, device: torch.device):
-        self._items.clear()
-        gc.collect()
-        if device.type == 'cuda':
-            torch.cuda.empty_cache()
-
-
 class GpuCheck:
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -132,70 +97,48 @@ class GpuCheck:
         self.device = choose_device(args.device)
         self.seed = args.seed
         self.start = time.perf_counter()
-        self.lazy = Lazy()
+        self.built: Dict[tuple, object] = {}  # dropped after a section
         self.rows: List[Row] = []
         self.report = self._new_report()
 
-    # ------------------------------------------------------------ output
+    def lazy(self, key: tuple, build: Callable[[], object]):
+        if key not in self.built:
+            self.built[key] = build()
+        return self.built[key]
+
     def log(self, msg: str):
         print(f'[{time.perf_counter() - self.start:6.1f}s] {msg}',
               flush=True)
 
     def _new_report(self) -> dict:
-        p = self.profile
-        batch, h, w = p.train_shape
         env = environment(self.device)
-        env.update(python=platform.python_version(),
-                   versions={n: version(n) for n in VERSIONS_OF},
+        env.update(versions={n: env.get(n, 'not installed')
+                             for n in VERSIONS_OF},
                    openmmlab={n: is_installed(n) for n in OPENMMLAB})
-        cuda = self.device.type == 'cuda'
+        config = dict(vars(self.args), profile=self.profile.name,
+                      arch=self.profile.arch, repeats=self.profile.repeats,
+                      warmup=self.profile.warmup)
         return dict(
-            tool='benchmarks.gpu_check',
-            time=datetime.datetime.now().isoformat(timespec='seconds'),
-            config=dict(
-                device=str(self.device), profile=p.name,
-                arch=p.arch, compile_backend=self.args.compile_backend,
-                time_limit=self.args.time_limit, seed=self.seed,
-                sections=self.args.only, repeats=p.repeats,
-                warmup=p.warmup, train_repeats=p.detector_repeats,
-                train_warmup=p.detector_warmup,
-                models=['posmlp_t', 'swin_t', 'resnet50'],
-                sizes=[[h, w]], batches=[batch], modes=['fwd', 'fwdbwd'],
-                baselines="Swin-T and ResNet-50 are timm's "
-                '(swin_tiny_patch4_window7_224 with strict_img_size=False, '
-                'its input padded to a multiple of 4 as mmdet pads it; '
-                'resnet50), random weights; PosMLP-T and Swin-T with '
-                'stochastic depth 0.2'
-                + ('' if p.arch == 't' else '; posmlp_t is the tiny arch '
-                   f'{p.arch}')),
-            environment=env, checks=[], results=[], training=[],
-            detector_predict=[], scaling={}, macs={}, params={},
-            memory_method_key='cuda' if cuda else None,
-            memory_method=(MEMORY_METHODS['cuda'] if cuda else
-                           'not measured (a CPU dry run)')
-            + '; the JSON also has torch.cuda.max_memory_allocated itself '
-            '(max_memory_allocated_mb)',
-            calibration=None, passed=None, run_seconds=0.0)
+            part='gpu-check', config=config, environment=env, checks=[],
+            results=[], training=[], detector_predict=[],
+            memory_method=MEMORY_METHODS[
+                'cuda' if self.device.type == 'cuda' else None],
+            passed=None, run_seconds=0.0)
 
     def write_json(self):
         if not self.args.json:
             return
         r = self.report
         r['checks'] = [row.as_dict() for row in self.rows]
-        r['params'] = {row['model']: row['params'] for row in r['results']}
         r['targets'] = target_lines(r)
         r['run_seconds'] = time.perf_counter() - self.start
         r['passed'] = not any(row.status == 'FAIL' for row in self.rows)
         atomic_write_bytes(json.dumps(r, indent=1).encode(), self.args.json)
 
-    def calibrate(self) -> dict:
-        return matmul_calibration(self.device, self.profile.calibration_n)
-
-    # ---------------------------------------------------------- sections
     def posmlp_base(self, gate: str):
         """The numerics' model of ``gate`` (CPU, fp32, no stochastic
         depth, perturbed weights)."""
-        return self.lazy.get(('posmlp', gate), lambda: perturb_(
+        return self.lazy(('posmlp', gate), lambda: perturb_(
             posmlp(self.profile.arch, gate, seed=self.seed), self.seed))
 
     def numerics(self) -> List[Check]:
@@ -222,7 +165,7 @@ class GpuCheck:
         b, h, w = p.train_shape
 
         def base():
-            return self.lazy.get(('train',), lambda: posmlp(
+            return self.lazy(('train',), lambda: posmlp(
                 p.arch, 'gqpe', drop_path_rate=0.2, seed=self.seed))
         return [(f'{p.posmlp_label} {name} step {b}x3x{h}x{w} ({how})',
                  lambda dtype=dtype: training_steps(
@@ -239,7 +182,7 @@ class GpuCheck:
         labels = dict(LABELS, posmlp_t=p.posmlp_label)
 
         def models():
-            return self.lazy.get(('speed',), lambda: {
+            return self.lazy(('speed',), lambda: {
                 k: m.to(self.device) for k, m in
                 speed_models(p.arch, self.seed).items()})
 
@@ -310,39 +253,25 @@ class GpuCheck:
         return [(f'RetinaNet train iteration {b}x3x{h}x{w}', train),
                 (f'RetinaNet predict {b}x3x{h}x{w}', predict)]
 
-    # -------------------------------------------------------------- run
     def environment_row(self) -> Row:
         env = self.report['environment']
-        versions = env['versions']
-        if self.device.type == 'cuda':
-            props = torch.cuda.get_device_properties(self.device)
-            where = (f'{props.name} ({props.total_memory / 2 ** 30:.0f} GiB, '
-                     f'sm_{props.major}{props.minor}), CUDA '
-                     f'{torch.version.cuda}, cuDNN '
-                     f'{torch.backends.cudnn.version()}')
-        else:
-            threads = torch.get_num_threads()
-            where = (f'CPU dry run ({env.get("cpu_model", "?")}, {threads} '
-                     f'thread{"s" if threads > 1 else ""})')
-        mm = [n for n, there in env['openmmlab'].items() if there]
-        detail = (f'{where}; python {env["python"]}; '
-                  + ', '.join(f'{n} {v}' for n, v in versions.items())
-                  + f'; OpenMMLab: {", ".join(mm) if mm else "none"}; '
-                  f'profile {self.profile.name}')
+        where = (env.get('cuda_device', '?') + f", CUDA {env.get('cuda')}, "
+                 f"cuDNN {env.get('cudnn')}" if self.device.type == 'cuda'
+                 else f"CPU dry run ({env.get('cpu_model', '?')}, "
+                 f"{env['threads']} threads)")
+        mm = [n for n, there in env['openmmlab'].items() if there] or ['none']
+        detail = (f"{where}; python {env['python']}; "
+                  + ', '.join(f'{n} {v}' for n, v in env['versions'].items())
+                  + f"; OpenMMLab: {', '.join(mm)}; profile "
+                  f"{self.profile.name}")
         return Row('env', 'device and versions', 'ok', detail, 0.0,
-                   dict(versions=versions))
+                   dict(versions=env['versions']))
 
     def run(self) -> int:
         self.log(f'GPU check, profile {self.profile.name}, device '
                  f'{self.device}')
         self.rows.append(self.environment_row())
         self.log(self.rows[-1].detail)
-        first = self.calibrate()
-        self.report['calibration'] = dict(
-            start=first, end=first, peak_gflops=first['gflops'],
-            all_gflops=[first['gflops']])
-        self.log(f'matmul calibration ({first["n"]}^3 fp32): '
-                 f'{first["gflops"]:.0f} GFLOP/s')
         limit = self.args.time_limit
         for section in SECTIONS:
             checks = getattr(self, section)()
@@ -360,17 +289,15 @@ class GpuCheck:
                         f'--time-limit {limit:g} s'))
                     continue
                 self.rows.append(run_check(section, name, fn, self.log))
-            self.lazy.clear(self.device)
+            self.built.clear()
+            gc.collect()
+            if self.device.type == 'cuda':
+                torch.cuda.empty_cache()
             self.log(f'=== {section} done in '
                      f'{time.perf_counter() - began:.1f} s')
             self.write_json()
-        last = self.calibrate()
-        if hasattr(os, 'getloadavg'):  # (the benchmark's report shows it)
+        if hasattr(os, 'getloadavg'):  # (the report shows it)
             self.report['environment']['loadavg_end'] = os.getloadavg()
-        cal = self.report['calibration']
-        cal.update(end=last, peak_gflops=max(first['gflops'],
-                                             last['gflops']),
-                   all_gflops=[first['gflops'], last['gflops']])
         self.write_json()
         print()
         print(table(self.rows))

@@ -1,21 +1,17 @@
-"""torch.compile of a PosMLP training step, as a user compiles it for
-varying input sizes (``dynamic=True``, or torch's default ``dynamic=None``,
-which compiles a second graph with dynamic sizes at the first new size):
-how long the first compiled call takes, what a compiled step then costs
-against eager, whether the compiled step computes what eager does, and
-whether further sizes run in the same graph (no recompilation)."""
+"""torch.compile of a PosMLP training step for varying input sizes: the
+first call's time, the compiled step against eager (time and result),
+and whether further sizes reuse the graph."""
 from __future__ import annotations
 
-import time
 from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from ..measure import make_input
+from ..steps import make_input
+from ..timing import interleaved
 from .numerics import relative
-from .rows import Verdict
-from .timing import interleaved, ms
+from .rows import Verdict, ms
 from .training import half_channel_loss
 
 # Relative L2 difference allowed between compiled and eager outputs and
@@ -30,18 +26,12 @@ def compiled_step(model: nn.Module, shape: Tuple[int, int, int],
                   other_sizes: Sequence[Tuple[int, int]] = (),
                   recompute_views: bool = False,
                   dynamic: Optional[bool] = True) -> Verdict:
-    """``model`` (no stochastic depth: eager and compiled must see the same
-    network) in train mode: forward, ``half_channel_loss``, backward; then
-    one step at each of ``other_sizes`` (height, width), which must reuse
-    the graph compiled for it. ``dynamic``: torch.compile's argument, True
-    or None. Under ``None`` (automatic dynamic shapes) torch marks a
-    dimension dynamic when it first changes: the further size where the
-    height first changes, and the one where the width does, may each
-    compile a graph; no other may.
-    ``recompute_views``: compile with torch's
-    ``torch._functorch.config.recompute_views`` on, the workaround of
-    docs/training.md for inductor's failure to order the strides of a
-    saved view at batches above 1 (seen with torch 2.14.1)."""
+    """``model`` (no stochastic depth) in train mode: forward,
+    ``half_channel_loss``, backward; then a step at each of
+    ``other_sizes``. Under ``dynamic=None`` torch marks a dimension
+    dynamic where it first changes, and only there may a size compile a
+    graph. ``recompute_views``: torch's workaround for inductor's stride
+    order of a saved view at batches above 1 (torch 2.14.1)."""
     with torch._functorch.config.patch(recompute_views=recompute_views):
         return _compiled_step(model, shape, device, backend, warmup,
                               repeats, seed, other_sizes, dynamic)
@@ -68,19 +58,13 @@ def _compiled_step(model, shape, device, backend, warmup, repeats, seed,
     torch._dynamo.utils.counters.clear()
     compiled = torch.compile(model, backend=backend, dynamic=dynamic)
     stats = torch._dynamo.utils.counters['stats']
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    compiled_outs = step(compiled)
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-    first_call_s = time.perf_counter() - start
+    first_call_s, compiled_outs = first_call(lambda: step(compiled), device)
     first_graphs = stats['unique_graphs']     # more than 1: graph breaks
     out_err = max(relative(c, e) for c, e in zip(compiled_outs, eager_outs))
     grad_err = relative(grads(), eager_grads)
     runs = interleaved({'eager': lambda: step(model),
                         'compiled': lambda: step(compiled)},
-                       warmup, repeats, device)
+                       repeats, warmup, device)
     eager_s, compiled_s = (runs[k]['median_s'] for k in ('eager', 'compiled'))
     size_errs, size_first_s, size_graphs = [], [], []
     for h2, w2 in other_sizes:
@@ -88,11 +72,8 @@ def _compiled_step(model, shape, device, backend, warmup, repeats, seed,
         x = make_input((h2, w2), batch, device, seed)   # what step() reads
         eager_outs = step(model)
         eager_grads = grads()
-        start = time.perf_counter()
-        compiled_outs = step(compiled)
-        if device.type == 'cuda':
-            torch.cuda.synchronize(device)
-        size_first_s.append(time.perf_counter() - start)
+        seconds, compiled_outs = first_call(lambda: step(compiled), device)
+        size_first_s.append(seconds)
         size_graphs.append(stats['unique_graphs'] - before)
         size_errs.append(max(
             max(relative(c, e) for c, e in zip(compiled_outs, eager_outs)),
@@ -138,6 +119,14 @@ def _compiled_step(model, shape, device, backend, warmup, repeats, seed,
         other_size_first_call_s=size_first_s,
         other_size_new_graphs=size_graphs,
         other_size_difference=size_errs))
+
+
+def first_call(call, device: torch.device):
+    """(seconds, result) of one call: a compile and its first run."""
+    result = []
+    runs = interleaved({'first call': lambda: result.append(call())}, 1, 0,
+                       device)
+    return runs['first call']['median_s'], result[0]
 
 
 def _first_changes(first: Sequence[int], sizes: Sequence[Tuple[int, int]]

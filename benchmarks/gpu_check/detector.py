@@ -1,21 +1,18 @@
-"""Tier 2, the OpenMMLab stack (optional): a RetinaNet-PosMLP-T training
-iteration and an mmdet predict, timed beside RetinaNet-Swin-T's.
-
-The detectors are the benchmark's (``bench.training``: mmdet's
-RetinaNet-Swin-T config, and the same with PosMLP-T as its backbone).
-Where mmengine, mmcv or mmdet cannot be imported, or mmcv's compiled ops
-lack CUDA, both checks are skipped and say why.
-"""
+"""Tier 2, the OpenMMLab stack (optional): the benchmark's RetinaNet-PosMLP-T
+against RetinaNet-Swin-T (``benchmarks.detectors``), a training iteration
+and a predict each. Where mmengine, mmcv or mmdet cannot be imported, or
+mmcv's ops lack CUDA, both checks are skipped and say why."""
 from __future__ import annotations
 
 import copy
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 from posmlp_dense.optional_deps import is_installed
-from .rows import Skip, Verdict
-from .timing import MB, interleaved, ms, peak_memory
+from ..models import count_params
+from ..timing import MB, interleaved, peak_memory
+from .rows import Skip, Verdict, ms
 
 MM_PACKAGES = ('mmengine', 'mmcv', 'mmdet')
 BACKBONES = ('posmlp_t', 'swin_t')
@@ -26,8 +23,7 @@ def require_openmmlab(device: torch.device):
     missing = [name for name in MM_PACKAGES if not is_installed(name)]
     if missing:
         raise Skip(f'{", ".join(missing)} not importable here (tier 2 needs '
-                   f'the OpenMMLab stack with mmcv\'s compiled ops; see '
-                   f'docs/gpu.md)')
+                   f"the OpenMMLab stack with mmcv's compiled ops)")
     try:
         from mmcv.ops import get_compiling_cuda_version
     except ImportError as err:
@@ -39,132 +35,101 @@ def require_openmmlab(device: torch.device):
 
 
 class Detectors:
-    """The two RetinaNets and their batch, built on first use (by the first
-    check that needs them); a failure to build is raised to each check."""
+    """The two RetinaNets and their batch, built by the first check that
+    needs them (a failure to build fails each check)."""
 
     def __init__(self, arch, shape: Tuple[int, int, int],
                  device: torch.device, seed: int):
         self.arch, self.shape = arch, shape
         self.device, self.seed = device, seed
         self._built: Optional[dict] = None
-        self._error: Optional[BaseException] = None
 
     def get(self) -> dict:
-        if self._error is not None:
-            raise self._error
         if self._built is None:
-            try:
-                self._built = self._build()
-            except BaseException as err:
-                self._error = err
-                raise
+            require_openmmlab(self.device)
+            from ..detectors import DETECTOR_LABELS, training_iteration
+            arch = None if self.arch == 't' else dict(self.arch)
+            self._built = {name: dict(zip(
+                ('step', 'model', 'data'), training_iteration(
+                    name, tuple(self.shape), self.device, self.seed, arch)),
+                label=DETECTOR_LABELS[name]) for name in BACKBONES}
         return self._built
 
-    def _build(self) -> dict:
-        require_openmmlab(self.device)
-        from ..training import (DETECTOR_LABELS, TrainingCase,
-                                      detection_batch, training_job)
-        posmlp_arch = None if self.arch == 't' else dict(self.arch)
-        built = dict(jobs={}, models={}, labels={}, cases={})
-        for name in BACKBONES:
-            case = TrainingCase('detector', name, False, tuple(self.shape))
-            job, model = training_job(case, self.device, self.seed,
-                                      posmlp_arch)
-            built['jobs'][name] = job.step
-            built['models'][name] = model
-            built['labels'][name] = DETECTOR_LABELS[name]
-            built['cases'][name] = case
-        built['data'] = detection_batch(self.shape, self.seed)
-        return built
+
+def _row(name: str, built: dict, run: dict, memory, shape) -> dict:
+    return dict(kind='detector', model=name, with_cp=False,
+                shape=list(shape), label=built['label'], times=run['times'],
+                median_s=run['median_s'], min_s=run['min_s'],
+                max_memory_allocated_mb=None if memory.allocated is None
+                else memory.allocated / MB,
+                peak_mb=None if memory.peak is None else memory.peak / MB,
+                params=count_params(built['model']))
+
+
+def _describe(rows: List[dict], repeats: int, warmup: int) -> str:
+    parts = [f"{row['label']} {ms(row['median_s'])}" + (
+        '' if row['max_memory_allocated_mb'] is None else
+        f", max_memory_allocated {row['max_memory_allocated_mb']:.0f} MB")
+        for row in rows]
+    ours, swin = rows
+    return (f'median of {repeats} after {warmup} warm-up: '
+            + ' | '.join(parts) + ' | time ratio '
+            f"{ours['median_s'] / swin['median_s']:.2f}")
 
 
 def train_iteration(detectors: Detectors, warmup: int, repeats: int
                     ) -> Tuple[Verdict, List[dict]]:
-    """``model.train_step`` (preprocessing, forward, RetinaNet losses,
-    backward, AdamW) of both detectors, interleaved; benchmark rows of
-    kind 'detector'."""
+    """``model.train_step`` (preprocessing, forward, losses, backward,
+    AdamW) of both detectors, interleaved; report rows of kind
+    'detector'."""
     built = detectors.get()
-    device = detectors.device
-    runs = interleaved(built['jobs'], warmup, repeats, device)
-    rows = []
-    for name, step in built['jobs'].items():
-        peak, growth = peak_memory(step, device)
-        model, run = built['models'][name], runs[name]
-        rows.append(dict(
-            built['cases'][name].as_dict(), label=built['labels'][name],
-            times=run['times'], warmup_times=run['warmup_times'],
-            median_s=run['median_s'], min_s=run['min_s'],
-            max_s=run['max_s'],
-            images_per_s=detectors.shape[0] / run['median_s'],
-            page_faults=None, params=_params(model),
-            backbone_params=_params(model.backbone), memory='inprocess',
-            peak_method='cuda' if peak is not None else None,
-            peak_mb=None if growth is None else growth / MB,
-            peak_first_step_mb=None,
-            max_memory_allocated_mb=None if peak is None else peak / MB))
+    runs = interleaved({n: b['step'] for n, b in built.items()}, repeats,
+                       warmup, detectors.device)
+    rows = [_row(name, b, runs[name], peak_memory(b['step'],
+                                                  detectors.device),
+                 detectors.shape) for name, b in built.items()]
     return Verdict(True, _describe(rows, repeats, warmup)), rows
 
 
 def predict(detectors: Detectors, warmup: int, repeats: int
             ) -> Tuple[Verdict, List[dict]]:
-    """``model.test_step`` (preprocessing, forward, box decoding, NMS) of
-    both detectors in eval mode; every image gets finite boxes on the
-    device."""
-    built = detectors.get()
-    device, batch = detectors.device, detectors.shape[0]
-    results: Dict[str, list] = {}
+    """``model.test_step`` of both detectors in eval mode; every image
+    gets finite boxes on the device."""
+    built, device = detectors.get(), detectors.device
+    results = {}
 
-    def job(name) -> Callable[[], None]:
-        model = built['models'][name]
-
+    def job(name):
         def run():
             with torch.no_grad():
-                results[name] = model.test_step(copy.deepcopy(built['data']))
+                results[name] = built[name]['model'].test_step(
+                    copy.deepcopy(built[name]['data']))
         return run
-
-    for model in built['models'].values():
-        model.eval()
+    jobs = {name: job(name) for name in built}
+    for b in built.values():
+        b['model'].eval()
     try:
-        jobs = {name: job(name) for name in built['models']}
-        runs = interleaved(jobs, warmup, repeats, device)
-        peaks = {name: peak_memory(jobs[name], device) for name in jobs}
+        runs = interleaved(jobs, repeats, warmup, device)
+        memory = {name: peak_memory(jobs[name], device) for name in jobs}
     finally:
-        for model in built['models'].values():
-            model.train()
+        for b in built.values():
+            b['model'].train()
     problems = []
     for name, out in results.items():
         boxes = [r.pred_instances.bboxes for r in out]
-        if len(out) != batch:
-            problems.append(f'{name}: {len(out)} results for {batch} images')
+        if len(out) != detectors.shape[0]:
+            problems.append(f'{name}: {len(out)} results for '
+                            f'{detectors.shape[0]} images')
         elif not all(b.device.type == device.type and b.shape[-1] == 4
                      and torch.isfinite(b).all() for b in boxes):
             problems.append(f'{name}: boxes not finite or not on {device}')
-    rows = [dict(model=name, label=built['labels'][name],
-                 shape=list(detectors.shape), times=runs[name]['times'],
-                 median_s=runs[name]['median_s'], min_s=runs[name]['min_s'],
-                 max_memory_allocated_mb=None if peaks[name][0] is None
-                 else peaks[name][0] / MB,
+    rows = [dict(_row(name, built[name], runs[name], memory[name],
+                      detectors.shape),
                  boxes_per_image=[len(r.pred_instances.bboxes)
                                   for r in results[name]])
             for name in jobs]
+    for row in rows:
+        del row['kind']  # not a training row
     detail = _describe(rows, repeats, warmup)
     if problems:
         detail = '; '.join(problems) + '. ' + detail
     return Verdict(not problems, detail), rows
-
-
-def _params(model) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def _describe(rows: List[dict], repeats: int, warmup: int) -> str:
-    ours, swin = rows
-    parts = []
-    for row in rows:
-        mb = row['max_memory_allocated_mb']
-        parts.append(f"{row['label']} {ms(row['median_s'])}"
-                     + ('' if mb is None else
-                        f', max_memory_allocated {mb:.0f} MB'))
-    return (f'median of {repeats} after {warmup} warm-up: '
-            + ' | '.join(parts) + f" | time ratio "
-            f"{ours['median_s'] / swin['median_s']:.2f}")

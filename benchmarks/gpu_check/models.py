@@ -17,11 +17,9 @@ LABELS = {'swin_t': 'Swin-T (timm)', 'resnet50': 'ResNet-50 (timm)'}
 
 
 def perturb_(model: nn.Module, seed: int) -> nn.Module:
-    """Seeded noise on every parameter and batch-norm statistic.
-
-    At initialization some tables are zero (LRPE's relative position
-    biases), which would let a comparison of the mixing pass vacuously.
-    """
+    """Seeded noise on every parameter and batch-norm statistic: tables
+    that start at zero (LRPE's biases) would let a comparison pass
+    vacuously."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -46,14 +44,10 @@ def posmlp(arch, gate: str = 'gqpe', drop_path_rate: float = 0.0,
 
 
 class TimmSwinT(nn.Module):
-    """timm's Swin-T at any input size, returning NCHW maps as mmdet's Swin
-    does.
-
-    timm's patch embedding refuses a size that is not a multiple of its
-    patch (1333 is not), so the input is padded at the bottom and right
-    first, as mmdet's ``AdaptivePadding`` does; windows and patch merging
-    pad inside timm.
-    """
+    """timm's Swin-T at any input size, NCHW maps out as mmdet's Swin:
+    the input padded at the bottom and right to whole patches first, as
+    mmdet's ``AdaptivePadding`` does (timm's patch embedding refuses
+    1333)."""
     patch = 4
 
     def __init__(self, drop_path_rate: float = DROP_PATH):
@@ -93,6 +87,3 @@ def speed_models(arch, seed: int = 0) -> Dict[str, nn.Module]:
         m.eval()
     return models
 
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

@@ -1,12 +1,6 @@
-"""PosMLP's numbers on the device: fp32 against a float64 CPU reference,
-and autocast (bf16, fp16) against fp32.
-
-The reference runs in float64 on the CPU, so it is exact to far below
-fp32's rounding, and the device's error is its own, not the sum of two
-fp32 runs' errors; on a CPU dry run the check is just as real (fp32 CPU
-against float64 CPU). TF32 is switched off for the fp32 runs (cuDNN
-convolutions use it by default, which alone changes results by ~1e-3).
-"""
+"""PosMLP's numbers on the device: fp32 (TF32 off) against a float64 CPU
+reference, whose own error is far below fp32's, and autocast (bf16, fp16)
+against fp32."""
 from __future__ import annotations
 
 import contextlib

@@ -48,7 +48,6 @@ class Profile:
     detector_shape: Tuple[int, int, int]
     detector_warmup: int
     detector_repeats: int
-    calibration_n: int                     # matmul size (CUDA)
 
     @property
     def posmlp_label(self) -> str:
@@ -67,8 +66,7 @@ FULL = Profile(
                    (704, 1024), (864, 1152)),
     warmup=3, repeats=10, export_arch=T_ONE_BLOCK,
     export_shape=(2, 512, 512),
-    detector_shape=(2, 800, 1333), detector_warmup=2, detector_repeats=5,
-    calibration_n=8192)
+    detector_shape=(2, 800, 1333), detector_warmup=2, detector_repeats=5)
 
 TINY = Profile(
     name='tiny', arch=TINY_ARCH, comparison_batch=1,
@@ -79,5 +77,4 @@ TINY = Profile(
     compile_sizes=((40, 70), (56, 64), (48, 90), (64, 60), (52, 76),
                    (60, 84)),
     warmup=1, repeats=2, export_arch=TINY_ARCH, export_shape=(2, 64, 96),
-    detector_shape=(1, 64, 90), detector_warmup=1, detector_repeats=1,
-    calibration_n=512)
+    detector_shape=(1, 64, 90), detector_warmup=1, detector_repeats=1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import textwrap
 import time
 import traceback
 from typing import Callable, Dict, List, Optional
@@ -64,36 +65,25 @@ def skipped_row(section: str, check: str, reason: str) -> Row:
     return Row(section, check, 'skipped', reason, 0.0)
 
 
-def table(rows: List[Row], width: Optional[int] = None) -> str:
-    """The rows as a plain-text table; ``detail`` wraps at ``width``."""
-    heads = ('section', 'check', 'status', 's', 'detail')
-    cells = [(r.section, r.check, r.status, f'{r.seconds:.1f}', r.detail)
-             for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h)
-              for i, h in enumerate(heads[:4])]
+def table(rows: List[Row], width: int = 160) -> str:
+    """The rows as a plain-text table, ``detail`` wrapped to fit."""
+    heads = ('section', 'check', 'status', 's')
+    cells = [(r.section, r.check, r.status, f'{r.seconds:.1f}') for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells])
+              for i, h in enumerate(heads)]
     lead = sum(widths) + 2 * len(widths)
-    room = max(40, (width or 160) - lead)
     lines = ['  '.join(h.ljust(w) for h, w in zip(heads, widths))
-             + '  ' + heads[4],
-             '  '.join('-' * w for w in widths) + '  ' + '-' * 6]
-    for c in cells:
-        start = '  '.join(v.rjust(w) if i == 3 else v.ljust(w)
-                          for i, (v, w) in enumerate(zip(c[:4], widths)))
-        parts = _wrap(c[4], room)
-        lines.append(start + '  ' + parts[0])
-        lines += [' ' * (lead) + p for p in parts[1:]]
+             + '  detail']
+    for row, c in zip(rows, cells):
+        wrapped = textwrap.wrap(row.detail, max(40, width - lead)) or ['']
+        lines.append('  '.join(v.ljust(w) for v, w in zip(c, widths))
+                     + '  ' + wrapped[0])
+        lines += [' ' * lead + part for part in wrapped[1:]]
     return '\n'.join(lines)
 
 
-def _wrap(text: str, room: int) -> List[str]:
-    lines, line = [], ''
-    for word in text.split(' '):
-        if line and len(line) + 1 + len(word) > room:
-            lines.append(line)
-            line = word
-        else:
-            line = f'{line} {word}' if line else word
-    return lines + [line]
+def ms(seconds: Optional[float]) -> str:
+    return '-' if seconds is None else f'{seconds * 1e3:.1f} ms'
 
 
 def summary(rows: List[Row]) -> str:

@@ -3,15 +3,14 @@ fp32, under bf16 autocast and under fp16 autocast with a GradScaler."""
 from __future__ import annotations
 
 import copy
-import statistics
 from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
-from .rows import Skip, Verdict
+from ..timing import MB, interleaved, peak_memory
 from .numerics import autocast_supported
-from .timing import MB, mib, peak_memory, timed
+from .rows import Skip, Verdict
 
 # fp16's GradScaler starts at this fixed scale (its default, 65536, is
 # lowered at the first overflow, which is AMP working as designed); a
@@ -61,9 +60,10 @@ def training_steps(base: nn.Module, shape: Tuple[int, int, int],
         scaler.update()
         losses.append(loss.item())
 
-    peak, _ = peak_memory(step, device)  # the first step, optimizer state
-    # created: the training loop's peak
-    times = [timed(step, device) for _ in range(steps - 1)]
+    # the first step creates the optimizer state: the training loop's peak
+    peak = peak_memory(step, device).allocated
+    times = interleaved({'step': step}, steps - 1, 0, device)['step'] \
+        if steps > 1 else None
     if not all(map(lambda v: v == v and abs(v) != float('inf'), losses)):
         problems.append(f'losses {losses}')
     if scaler.is_enabled() and scaler.get_scale() < FP16_INIT_SCALE:
@@ -75,17 +75,19 @@ def training_steps(base: nn.Module, shape: Tuple[int, int, int],
     moved = sum(not torch.equal(p, b) for p, b in zip(params, before))
     if moved == 0:  # (a parameter whose gradient is exactly 0 may stay)
         problems.append('AdamW changed no parameter')
-    median = statistics.median(times) if times else None
+    median = times['median_s'] if times else None
     detail = (f'loss {" -> ".join(f"{v:.4g}" for v in losses)}; '
               f'{moved}/{len(params)} parameters updated; step '
               f'{median * 1e3 if median else float("nan"):.1f} ms (median '
-              f'of steps 2-{steps}); {mib(peak)}'
+              f'of steps 2-{steps}); '
+              + ('memory not measured' if peak is None else
+                 f'max_memory_allocated {peak / MB:.0f} MB')
               + (f'; scale {scaler.get_scale():g}' if scaler.is_enabled()
                  else ''))
     if problems:
         detail = '; '.join(problems) + '. ' + detail
     return Verdict(not problems, detail, dict(
         shape=list(shape), dtype=str(dtype or torch.float32), losses=losses,
-        step_times=times, median_s=median,
+        step_times=times and times['times'], median_s=median,
         max_memory_allocated_mb=None if peak is None else peak / MB,
         grad_scale=scaler.get_scale() if scaler.is_enabled() else None))
