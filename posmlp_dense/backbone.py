@@ -40,7 +40,7 @@ class PosMLPLevel(nn.Module):
         super().__init__()
         if prev_dim is not None:
             self.pool = ConvDownsample(prev_dim, spec.dim)
-        self.encoder = nn.Sequential(*[
+        self.encoder = nn.ModuleList([
             PosMLPBlock(spec, gate, drop_path=drop_paths[j], pos_only=pos_only,
                         generalized=generalized)
             for j in range(spec.depth)])
@@ -79,12 +79,19 @@ class PosMLPLevel(nn.Module):
         if len(self.encoder) == 0:
             return x
         grids = self.window_grids(x.shape[1], x.shape[2], mode.graph)
-        # every block's mixing weights at once: they depend on the
-        # parameters and the window only
-        mixings = level_mixings([block.gate_unit for block in self.encoder],
-                                grids)
-        for j, (block, mixing) in enumerate(zip(self.encoder, mixings)):
-            grid = grids[j % len(grids)]
+        block_grids = [grids[j % len(grids)] for j in range(len(self.encoder))]
+        # the mixing weights of every block of the fused pass at once: they
+        # depend on the parameters and the window only (a block that calls
+        # its modules computes its own, in its gate's call)
+        fused = [j for j, block in enumerate(self.encoder)
+                 if not block.needs_module_calls()]
+        mixings = [None] * len(self.encoder)
+        if fused:
+            for j, mixing in zip(fused, level_mixings(
+                    [self.encoder[j].gate_unit for j in fused],
+                    [block_grids[j] for j in fused])):
+                mixings[j] = mixing
+        for block, grid, mixing in zip(self.encoder, block_grids, mixings):
             if self.with_cp and mode.autograd and x.requires_grad:
                 x = cp.checkpoint(block, x, grid, mixing, mode,
                                   use_reentrant=False)
@@ -188,7 +195,7 @@ class PosMLP(nn.Module):
                 pos_only=pos_only, generalized=gqpe_generalized,
                 with_cp=with_cp))
             start += spec.depth
-        self.levels = nn.Sequential(*levels)
+        self.levels = nn.ModuleList(levels)
         if out_norm:
             for i in out_indices:
                 self.add_module(f'norm{i}',
@@ -251,7 +258,7 @@ class PosMLP(nn.Module):
         if not x.is_floating_point():
             raise TypeError(f'PosMLP expects a floating-point image, got '
                             f'{x.dtype}; convert and normalize it first')
-        weight = self.patch_embed.projs[0].weight
+        weight = next(self.patch_embed.parameters())
         if x.device != weight.device:
             raise ValueError(f'PosMLP input is on {x.device} but the model '
                              f'is on {weight.device}; move one of them')

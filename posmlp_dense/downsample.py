@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from .conv_function import conv2d
+from .module_calls import must_call
 
 
 class ConvDownsample(nn.Module):
@@ -25,7 +26,10 @@ class ConvDownsample(nn.Module):
         # conv2d (conv_function.py) reads the (B, H, W, C) map as NCHW with
         # channels-last strides, without a copy, and writes the same
         # layout; its training step's backward compiles at every size
+        # (the module itself where a hook or a swap needs its call)
         conv = self.conv
+        if must_call((conv, nn.Conv2d)):
+            return self.norm(conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
         y = conv2d(x, conv.weight, conv.bias, conv.stride[0],
                    conv.padding[0], conv.groups, nhwc=True)
         return self.norm(y)

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from .conv_function import conv2d
+from .module_calls import must_call
 
 
 class ConvStem(nn.Module):
@@ -18,10 +19,10 @@ class ConvStem(nn.Module):
         super().__init__()
         widths = (in_channels, dim // 2, dim, dim)
         kernels, strides = (3, 3, 1), (2, 2, 1)
-        self.projs = nn.Sequential(*[
+        self.projs = nn.ModuleList([
             nn.Conv2d(widths[i], widths[i + 1], kernels[i], strides[i],
                       padding=kernels[i] // 2) for i in range(3)])
-        self.norms = nn.Sequential(*[
+        self.norms = nn.ModuleList([
             nn.BatchNorm2d(widths[i + 1], eps=1e-6) for i in range(3)])
         self.act = nn.GELU()
 
@@ -42,8 +43,11 @@ class ConvStem(nn.Module):
         return x.permute(0, 2, 3, 1)
 
     def _conv(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        # conv_function.conv2d: a backward that compiles at every size
+        # conv_function.conv2d: a backward that compiles at every size;
+        # the module itself where a hook or a swap needs its call
         proj = self.projs[i]
+        if must_call((proj, nn.Conv2d)):
+            return proj(x)
         return conv2d(x, proj.weight, proj.bias, proj.stride[0],
                       proj.padding[0], proj.groups)
 

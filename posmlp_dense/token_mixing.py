@@ -68,9 +68,10 @@ def key_scale(weights: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
 
 def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
                   ) -> List[Mixing]:
-    """The mixing operands of a level's blocks: block j uses gate
-    ``gates[j]`` on grid ``grids[j % len(grids)]``. Computed in float32
-    whatever autocast says (softmax scores need its range)."""
+    """The mixing operands of a level's blocks: gate ``gates[j]`` on grid
+    ``grids[j % len(grids)]`` (one grid per gate, or one per block parity),
+    their weights computed in one stacked call. In float32 whatever
+    autocast says (softmax scores need its range)."""
     device = next(gates[0].parameters()).device
     with torch.autocast(device.type, enabled=False):
         kind = type(gates[0])
@@ -80,27 +81,40 @@ def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
             parts = [type(g).stacked_weights([g]) for g in gates]
             weights = torch.cat([w for w, _ in parts])
             bias = torch.cat([b for _, b in parts])
-        # (blocks are taken apart with unbind, and regrouped with stack:
-        # their backwards gather the blocks' gradients once, where indexing
-        # would add each block's gradient into a zero tensor of the stack)
-        blocks = weights.unbind(0)
-        biases: List[torch.Tensor] = [None] * len(gates)
-        scales: List[Optional[torch.Tensor]] = [None] * len(gates)
-        for parity, grid in enumerate(grids):
-            chosen = range(parity, len(gates), len(grids))
-            on_map = grid.map_index(bias.device)
-            rows = bias.index_select(1, on_map % grid.tokens).unbind(0)
-            for j in chosen:
-                biases[j] = rows[j]
-            normalized = [j for j in chosen if gates[j].normalizes_over_keys]
-            if not normalized:
-                continue
-            stacked = weights if len(normalized) == len(gates) else \
-                torch.stack([blocks[j] for j in normalized])
-            on_tokens = key_scale(stacked, grid.key_mask(weights))
-            for j, scale in zip(normalized, on_tokens.index_select(
-                    2, on_map).unbind(0)):
-                scales[j] = scale
+        return mixings_on_grids(
+            weights, bias, [g.normalizes_over_keys for g in gates],
+            [grids[j % len(grids)] for j in range(len(gates))])
+
+
+def mixings_on_grids(weights: torch.Tensor, bias: torch.Tensor,
+                     normalized: Sequence[bool],
+                     grids: Sequence[WindowGrid]) -> List[Mixing]:
+    """Block j's mixing operands on grid ``grids[j]``, from its weights
+    ``weights[j]`` (groups, N, N) and per-query bias ``bias[j]`` (N,) over
+    a whole window: the bias laid out on the map, and where
+    ``normalized[j]`` (rows a softmax over the window's keys) the key
+    scale of partial windows."""
+    # (blocks are taken apart with unbind, and regrouped with stack:
+    # their backwards gather the blocks' gradients once, where indexing
+    # would add each block's gradient into a zero tensor of the stack)
+    blocks = weights.unbind(0)
+    biases: List[torch.Tensor] = [None] * len(grids)
+    scales: List[Optional[torch.Tensor]] = [None] * len(grids)
+    for grid in {id(g): g for g in grids}.values():
+        chosen = [j for j, g in enumerate(grids) if g is grid]
+        on_map = grid.map_index(bias.device)
+        rows = bias.index_select(1, on_map % grid.tokens).unbind(0)
+        for j in chosen:
+            biases[j] = rows[j]
+        normalized_here = [j for j in chosen if normalized[j]]
+        if not normalized_here:
+            continue
+        stacked = weights if len(normalized_here) == len(grids) else \
+            torch.stack([blocks[j] for j in normalized_here])
+        on_tokens = key_scale(stacked, grid.key_mask(weights))
+        for j, scale in zip(normalized_here, on_tokens.index_select(
+                2, on_map).unbind(0)):
+            scales[j] = scale
     return [Mixing(w, b, s) for w, b, s in zip(blocks, biases, scales)]
 
 
@@ -140,3 +154,12 @@ def gate_output(mixed: torch.Tensor, mixing: Mixing, v: torch.Tensor
         m = torch.addcmul(bias, m, mixing.scale.view(1, groups, 1, H, W))
     # v first: the product takes v's (contiguous) layout
     return (v.reshape(K // groups, groups, B, H, W) * m).view(v.shape)
+
+
+def gate_tokens(u: torch.Tensor, v: torch.Tensor, mixing: Mixing,
+                grid: WindowGrid) -> torch.Tensor:
+    """``gate_output`` of ``mix`` for token-major halves u, v (B, H, W, K),
+    as a block that calls its modules has them; (B, H, W, K) out."""
+    u, v = u.permute(3, 0, 1, 2), v.permute(3, 0, 1, 2)
+    mixed = grid.to_map(mix(u, mixing, grid))
+    return gate_output(mixed, mixing, v).permute(1, 2, 3, 0)

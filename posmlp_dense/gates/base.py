@@ -15,6 +15,9 @@ that depend on the gate's parameters and the window alone. A gate provides:
   so the block may run the lean training Function, block_function.py).
 * ``prepare_input(u)``: what the gate mixes, from channel-major u (K, B, H,
   W); u itself unless the gate transforms it first (SGU's LayerNorm).
+* ``forward(u, v, grid)``: the gate on token-major halves (B, H, W, K),
+  through its modules' calls (module_calls.py says when the block takes
+  this path instead of its fused pass).
 """
 from __future__ import annotations
 
@@ -23,8 +26,9 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 
+from ..module_calls import must_call
 from ..token_mixing import key_scale
-from ..windows import in_window_index
+from ..windows import WindowGrid, in_window_index
 
 
 class GateUnit(nn.Module):
@@ -49,6 +53,23 @@ class GateUnit(nn.Module):
 
     def prepare_input(self, u: torch.Tensor) -> torch.Tensor:
         return u
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, grid: WindowGrid
+                ) -> torch.Tensor:
+        """The gate's output on u, v (B, H, W, K), cut into windows by
+        ``grid``, calling the gate's own modules."""
+        raise NotImplementedError
+
+    def needs_module_calls(self) -> bool:
+        """Whether the block must call this gate (``forward``) rather than
+        read its weights: a hook on it or on one of its modules, or a
+        module of another class (module_calls.must_call)."""
+        return must_call(*self._fast_path_modules())
+
+    def _fast_path_modules(self):
+        """(module, class) pairs whose arithmetic the fast path reproduces;
+        by default every module as it is, so only hooks count."""
+        return [(m, type(m)) for m in self.modules()]
 
     def mixing_matrices(self, rect=None) -> Tuple[torch.Tensor, torch.Tensor]:
         """The weights (groups, n, n) and bias (n,) that the forward applies

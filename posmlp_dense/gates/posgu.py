@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from timm.layers import trunc_normal_
 
+from ..token_mixing import gate_tokens, mixings_on_grids
+from ..windows import WindowGrid
 from .base import GateUnit
 from .gqpe import GQPE
 from .lrpe import LRPE
@@ -60,6 +62,16 @@ class PoSGU(GateUnit):
             weights = weights + torch.stack(
                 [g.token_proj_n_weight for g in gates])
         return weights, type(encodings[0]).stacked_bias(encodings)
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, grid: WindowGrid
+                ) -> torch.Tensor:
+        with torch.autocast(u.device.type, enabled=False):
+            weights, bias = self.pos()
+            if not self.pos_only:
+                weights = weights + self.token_proj_n_weight
+            mixing = mixings_on_grids(weights[None], bias[None],
+                                      [self.normalizes_over_keys], [grid])[0]
+        return gate_tokens(u, v, mixing, grid)
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, pos_only={self.pos_only}'

@@ -55,6 +55,14 @@ class PositionBias(nn.Module):
         class (the formula of the encoding; see its module docstring)."""
         raise NotImplementedError
 
+    def forward(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """This encoding's weights (groups, N, N) and per-query bias (N,)
+        over a whole window: what ``stacked_weights`` and ``stacked_bias``
+        give for it alone. The gate calls it where the block calls its
+        modules (module_calls.py); the fast path stacks a level's."""
+        return (type(self).stacked_weights([self])[0],
+                self.token_proj_n_bias.view(-1))
+
     @staticmethod
     def stacked_bias(modules) -> torch.Tensor:
         """(D, N): the per-query biases of D encodings."""

@@ -13,6 +13,7 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 
+from ..windows import WindowGrid
 from .base import GateUnit
 
 
@@ -49,6 +50,21 @@ class SGU(GateUnit):
         """LayerNorm over the channels of channel-major u (K, B, H, W)."""
         tokens = u.view(u.shape[0], -1).t()           # (B * H * W, K)
         return self.norm_list[0](tokens).t().contiguous().view(u.shape)
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, grid: WindowGrid
+                ) -> torch.Tensor:
+        """(proj over each window's tokens of LayerNorm(u)) * v, on
+        token-major u, v (B, H, W, K). The projection's bias lands on every
+        query, padded ones too; those are dropped on the way back."""
+        B, H, W, K = u.shape
+        u = self.norm_list(u).permute(3, 0, 1, 2)
+        mixed = grid.to_map(self.proj_list(grid.to_windows(u, 1)))
+        return v * mixed.view(K, B, H, W).permute(1, 2, 3, 0)
+
+    def _fast_path_modules(self):
+        # the fast path computes these two from their weights
+        return super()._fast_path_modules() + [
+            (self.norm_list[0], nn.LayerNorm), (self.proj_list[0], nn.Linear)]
 
     def extra_repr(self) -> str:
         return f'channels={self.channels}, window={self.window}'
