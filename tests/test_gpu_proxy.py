@@ -391,7 +391,7 @@ def test_benchmark_gpu_proxy_part(tmp_path):
     report = bench.main([
         'gpu-proxy', '--device', 'cpu', '--posmlp-arch',
         json.dumps(TINY_ARCH), '--models', 'posmlp_t,swin_t',
-        '--steps', 'inference:1x56x56,train:1x56x56', '--out', str(out),
+        '--steps', 'inference:1x32x48,train:1x32x48', '--out', str(out),
         '--update-doc', str(page)])
     rows = json.loads(out.read_text())['gpu_proxy']['rows']
     assert rows == json.loads(json.dumps(report['gpu_proxy']['rows']))
@@ -414,14 +414,30 @@ def test_benchmark_gpu_proxy_part(tmp_path):
     report = bench.main([
         'gpu-proxy', '--fp32-only', '--device', 'cpu', '--posmlp-arch',
         json.dumps(TINY_ARCH), '--models', 'posmlp_t', '--steps',
-        'inference:1x56x56', '--out', str(out)])
+        'inference:1x32x48', '--out', str(out)])
     assert 'bf16' not in report['gpu_proxy']['rows'][0]
 
 
-def test_benchmark_compile_part(tmp_path):
-    """One training step compiled with dynamic shapes and with torch's
-    default, timed against eager, then further sizes; the figures go to
-    the JSON and the page's "compile" section."""
+def test_benchmark_compile_part(tmp_path, monkeypatch):
+    """The compile part's plumbing: each case's figures go to the JSON and
+    the page's "compile" section (the compiled step itself runs in the
+    GPU check's dry run, tests/test_gpu_check.py)."""
+    from benchmarks.gpu_check import compiled
+    from benchmarks.gpu_check.rows import Verdict
+    calls = []
+
+    def compiled_step(model, shape, device, backend, warmup, repeats, seed,
+                      sizes, dynamic):
+        calls.append((shape, backend, repeats, list(sizes), dynamic))
+        return Verdict(True, 'fine', dict(
+            backend=backend, dynamic=dynamic, shape=list(shape),
+            first_call_s=2.0, eager_median_s=0.1, compiled_median_s=0.05,
+            output_difference=1e-7, gradient_difference=2e-7,
+            graphs=1 + (dynamic is None), other_sizes=[list(s) for s in sizes],
+            other_size_first_call_s=[1.5, 0.2],
+            other_size_new_graphs=[int(dynamic is None), 0],
+            other_size_difference=[3e-7, 4e-7]))
+    monkeypatch.setattr(compiled, 'compiled_step', compiled_step)
     bench = load_tool('benchmark')
     page = tmp_path / 'perf.md'
     page.write_text('# Perf\n\n<!-- generated: compile -->\n'
@@ -432,24 +448,20 @@ def test_benchmark_compile_part(tmp_path):
         '--posmlp-arch', json.dumps(TINY_ARCH), '--shape', '40x70',
         '--cases', '2:true,1:none', '--sizes', '56x64,48x90',
         '--repeats', '1', '--out', str(out), '--update-doc', str(page)])
-    dynamic, default = json.loads(out.read_text())['compile']
-    for c in dynamic, default:
-        assert c['passed'], c['detail']
-        assert c['other_sizes'] == [[56, 64], [48, 90]]
-        assert c['output_difference'] <= 1e-5
-        assert c['gradient_difference'] <= 1e-5
-        assert c['compiled_median_s'] > 0 and c['first_call_s'] > 0
-    assert (dynamic['shape'], dynamic['dynamic']) == ([2, 40, 70], True)
-    assert (default['shape'], default['dynamic']) == ([1, 40, 70], None)
-    # dynamic=True: one graph; the default: the first further size
-    # compiles one with dynamic sizes, the second reuses it
-    assert (dynamic['graphs'], dynamic['other_size_new_graphs']) == (1, [0, 0])
-    assert (default['graphs'], default['other_size_new_graphs']) == (2, [1, 0])
+    assert calls == [((2, 40, 70), 'eager', 1, [(56, 64), (48, 90)], True),
+                     ((1, 40, 70), 'eager', 1, [(56, 64), (48, 90)], None)]
+    cases = json.loads(out.read_text())['compile']
+    assert [(c['passed'], c['label']) for c in cases] == [
+        (True, 'PosMLP (custom arch)')] * 2
     text = page.read_text()
     assert 'PosMLP (custom arch), backend `eager`' in text
+    assert '| figure | batch 2, `dynamic=True` | batch 1, `dynamic=None` |' \
+        in text
     assert '| graphs for 3 sizes | 1 | 2 |' in text
     assert '| further sizes that compiled a graph (first call) | none | ' \
-           '56x64 (' in text
+           '56x64 (1.5 s) |' in text
+    assert '| first call at a further size that compiled none, at most | ' \
+           '1.50 s | 0.20 s |' in text
 
 
 @pytest.mark.parametrize('gate', ['gqpe', 'lrpe'])
