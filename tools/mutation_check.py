@@ -163,16 +163,17 @@ MUTATIONS: List[Mutation] = [
         'per-query bias dropped where the weights are not renormalized '
         '(LRPE, SGU)',
         'posmlp_dense/token_mixing.py',
-        '        m = m + mixing.bias.to(mixed.dtype)\n',
-        '        m = m + 0 * mixing.bias.to(mixed.dtype)\n',
+        '        m = m + bias.to(mixed.dtype)\n',
+        '        m = m + 0 * bias.to(mixed.dtype)\n',
         (ANY, '-k', 'partial_windows_equal'), forward=True),
     Mutation(
         'per-query bias dropped where the rows are renormalized over the '
         'real keys (GQPE)',
         'posmlp_dense/token_mixing.py',
-        '        m = torch.addcmul(mixing.bias, m, mixing.scale.unsqueeze(1))\n',
-        '        m = torch.addcmul(0 * mixing.bias, m, mixing.scale.unsqueeze(1))'
-        '\n',
+        '        m = torch.addcmul(bias, m, mixing.scale.view(1, groups, 1, '
+        'H, W))\n',
+        '        m = torch.addcmul(0 * bias, m, mixing.scale.view(1, groups, 1, '
+        'H, W))\n',
         (ANY, '-k', 'partial_windows_equal'), forward=True),
     Mutation(
         'mixing weights detached from autograd (forward unchanged)',
@@ -205,10 +206,25 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         "stem's last BatchNorm skipped",
         'posmlp_dense/stem.py',
-        '        x = self.norms[2](self.projs[2](x))\n',
-        '        x = self.projs[2](x)\n',
+        '        x = self.norms[2](self._conv(2, x))\n',
+        '        x = self._conv(2, x)\n',
         ('tests/test_published_model.py', '-k', 'parity or ema_and_raw'),
         forward=True),
+    # ------------------------- calling the modules (module_calls.py)
+    Mutation(
+        "a module's own hooks do not switch a block to its module calls "
+        "(hooks, pruning silently ignored)",
+        'posmlp_dense/module_calls.py',
+        '    return any(type(module) is not kind or has_hooks(module)\n',
+        '    return any(type(module) is not kind\n',
+        ('tests/test_module_calls.py', '-k', 'prune')),
+    Mutation(
+        "a module swapped for another class (an adapter) does not switch a "
+        "block to its module calls",
+        'posmlp_dense/module_calls.py',
+        '    return any(type(module) is not kind or has_hooks(module)\n',
+        '    return any(has_hooks(module)\n',
+        ('tests/test_module_calls.py', '-k', 'adapter')),
     # ---------------------------------- forward pass: the window layout
     # (windows.py)
     Mutation(
@@ -279,8 +295,10 @@ MUTATIONS: List[Mutation] = [
         "lean backward: the per-query bias's gradient summed over the first "
         "group's channels only",
         'posmlp_dense/block_function.py',
-        '            d_bias = d_m.sum((0, 1, 2)) if needs.bias else None\n',
-        '            d_bias = d_m[:, 0].sum((0, 1)) if needs.bias else None\n',
+        '            d_bias = d_m.sum((0, 1, 2)).flatten() if needs.bias else '
+        'None\n',
+        '            d_bias = d_m[:, 0].sum((0, 1)).flatten() if needs.bias else '
+        'None\n',
         (LEAN, '-k', 'equals_autograd')),
     Mutation(
         'lean backward: d(u) through P^T instead of P',
