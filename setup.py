@@ -50,7 +50,7 @@ setup(
     # that time it, is a top-level package of its own (not inside the model)
     # so that tools/*.py import it as they import posmlp_dense.
     packages=find_packages(include=('posmlp_dense', 'posmlp_dense.*',
-                                    'benchmarks')),
+                                    'benchmarks', 'benchmarks.*')),
     python_requires='>=3.9',
     install_requires=read_requirements('runtime'),
     extras_require={
