@@ -1,6 +1,8 @@
 # Entry points of posmlp-dense; README.md describes them.
 #   make demo   set up the environment, then run the main job
 #   make test   set up the environment, then run the test suite
+#   make test-slow  the suite with the tests marked slow (inductor's code
+#               generation for every training case; an hour more on 2 cores)
 #   make env    only create or update the environment
 #   make mutation  plant known bugs in a temporary copy, one at a time, and
 #               check that the tests catch each (tools/mutation_check.py;
@@ -13,11 +15,12 @@ PYTEST_ARGS ?=
 DEMO_ARGS ?=
 MUTATION_ARGS ?=
 
-.PHONY: help env test demo mutation
+.PHONY: help env test test-slow demo mutation
 
 help:
 	@echo "make demo   - set up the environment ($(VENV)), then run tools/demo.py"
 	@echo "make test   - set up the environment ($(VENV)), then run the tests"
+	@echo "make test-slow - the tests, with those marked slow"
 	@echo "make env    - only create or update the environment"
 	@echo "make mutation - check that the tests catch planted bugs (minutes)"
 
@@ -26,6 +29,9 @@ env:
 
 test: env
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-slow: env
+	$(PY) -m pytest --slow $(PYTEST_ARGS)
 
 demo: env
 	$(PY) tools/demo.py $(DEMO_ARGS)

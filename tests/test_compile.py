@@ -193,11 +193,9 @@ def test_no_saved_view_whose_strides_inductor_cannot_order():
     assert not found, found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('batch, dynamic, graphs', [
-    (2, True, 1),
-    pytest.param(1, True, 1, marks=pytest.mark.slow),
-    pytest.param(1, None, 2, marks=pytest.mark.slow),
-    pytest.param(2, None, 2, marks=pytest.mark.slow)])
+    (2, True, 1), (1, True, 1), (1, None, 2), (2, None, 2)])
 def test_inductor_training_step_compiles_once(batch, dynamic, graphs):
     """Inductor itself, as a user runs it, with no torch setting: the
     forward and backward compile once for seven sizes (under the default
@@ -208,10 +206,12 @@ def test_inductor_training_step_compiles_once(batch, dynamic, graphs):
     against eager at two differs by 6e-5.
 
     Each case takes 8 to 20 minutes on a 2-core CPU, most of it in
-    sympy.simplify called by inductor's C++ vectorization analysis
-    (stride_at_vec_range; pytorch PR 186319 proposes to skip it), so the
-    default run keeps batch 2 under dynamic=True and the rest need
-    ``pytest --slow``; the graph-pass test above covers all four in
-    seconds, short of code generation."""
+    sympy.simplify called by inductor's C++ vectorization analysis, so
+    all four need ``pytest --slow`` (``make test-slow``). The default run
+    guards what they catch more cheaply: the graph-pass test above (the
+    guards of inductor's decompositions and partition, all four cases),
+    the saved-view test (the stride order inductor's lowering could not
+    settle), and the inference case (inductor's code generation, one
+    graph for seven sizes)."""
     _check_training_compiles_once('inductor', batch, dynamic, graphs,
                                   torch.float64)
