@@ -108,16 +108,19 @@ def test_blocks_with_large_activations_equal_the_reference(gate):
     inputs of about +-0.1, where it is nearly linear: an approximate GELU
     would pass every comparison. Here its inputs span several units."""
     model = randomize_(PosMLP(TINY_ARCH, gate=gate, out_norm=False)).eval()
-    seen = []
     for level in model.levels:
         for block in level.encoder:
             with torch.no_grad():
                 block.proj_c_e.weight.mul_(20.0)
-            # the reference calls proj_c_e as a module: note what GELU gets
+    x = torch.randn(1, 3, 97, 161)
+    ours = level_maps(model, x)     # the fused pass: no hook yet
+    # the reference calls proj_c_e as a module: note what GELU gets (a
+    # hook would send the model itself through its module calls)
+    seen = []
+    for level in model.levels:
+        for block in level.encoder:
             block.proj_c_e.register_forward_hook(
                 lambda mod, args, out: seen.append(out.detach().abs().max()))
-    x = torch.randn(1, 3, 97, 161)
-    ours = level_maps(model, x)
     with torch.no_grad():
         ref = per_window_forward_levels(model, x)
     assert min(seen) > 3.0, 'the GELU inputs are not large'

@@ -127,8 +127,8 @@ MUTATIONS: List[Mutation] = [
         "level_mixings: the shifted blocks' per-query bias and key scale "
         "laid out on the unshifted blocks' grid",
         'posmlp_dense/token_mixing.py',
-        '            on_map = grid.map_index(bias.device)\n',
-        '            on_map = grids[0].map_index(bias.device)\n',
+        '        on_map = grid.map_index(bias.device)\n',
+        '        on_map = grids[0].map_index(bias.device)\n',
         (ANY, '-k', 'shifted'), forward=True),
     Mutation(
         'isotropic GQPE score with the sign of the d2 term flipped',
