@@ -93,11 +93,14 @@ def _check_training_compiles_once(backend, batch, dynamic, graphs_allowed,
         f'{graphs} graphs for {len(TRAIN_SIZES)} sizes')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('batch, dynamic, graphs', [
     (1, True, 1), (2, True, 1), (1, None, 2), (2, None, 2)])
 def test_training_step_graph_serves_every_size(batch, dynamic, graphs):
-    """Graph capture and autograd's partition (aot_eager: no code
-    generation), at batch 1 and 2, under dynamic=True and the default."""
+    """Graph capture and autograd's default partition (aot_eager: no code
+    generation), at batch 1 and 2, under dynamic=True and the default.
+    Under --slow: the graph-pass test below runs the same capture through
+    inductor's decompositions and partition, in every case."""
     _check_training_compiles_once('aot_eager', batch, dynamic, graphs)
 
 
