@@ -27,11 +27,15 @@ help:
 env:
 	VENV="$(VENV)" bash tools/setup_env.sh
 
+# the test files spread over the cores (pytest-xdist), each file on one
+# worker so that its module fixtures are built once
+PARALLEL := -n auto --maxprocesses 4 --dist loadfile
+
 test: env
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 test-slow: env
-	$(PY) -m pytest --slow $(PYTEST_ARGS)
+	$(PY) -m pytest $(PARALLEL) --slow $(PYTEST_ARGS)
 
 demo: env
 	$(PY) tools/demo.py $(DEMO_ARGS)

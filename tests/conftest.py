@@ -78,6 +78,14 @@ def pytest_addoption(parser):
                           'minutes on a 2-core CPU)')
 
 
+def pytest_configure(config):
+    # pytest-xdist's workers (make test) share the cores: each takes its
+    # share of intra-op threads, rather than all of them each
+    workers = getattr(config, 'workerinput', {}).get('workercount')
+    if workers:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption('--slow'):
         return
