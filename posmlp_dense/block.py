@@ -60,9 +60,11 @@ class PosMLPBlock(nn.Module):
         if mode is None:
             mode = decide_forward_mode(x)
         drop_scale = self._drop_path_scale(x)
-        if self.needs_module_calls():
-            return self.forward_through_modules(x, grid, drop_scale)
         if mixing is None:
+            # (a level gives mixing operands only to the blocks it found
+            # need no module calls, so that check is made once)
+            if self.needs_module_calls():
+                return self.forward_through_modules(x, grid, drop_scale)
             mixing = level_mixings([self.gate_unit], [grid])[0]
         if mode.autograd and self.gate_unit.lean_backward:
             return lean_block(x, self.weights(), mixing, grid, drop_scale)
