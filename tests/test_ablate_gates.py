@@ -8,7 +8,7 @@ import os.path as osp
 
 import pytest
 
-from posmlp_dense.analysis.ablation_report import doc_section
+from posmlp_dense.analysis.ablation_report import doc_section, read_json
 from posmlp_dense.analysis.gate_ablation import (ABLATION_ARCH,
                                                  token_mixing_parameters)
 from posmlp_dense.classifier import create_posmlp_classifier
@@ -51,12 +51,59 @@ def test_writes_json_png_and_table(ablation):
         assert row['top1_std'] >= 0 and row['seconds_per_epoch'] > 0
     assert result['classes'] == ['above', 'below', 'left', 'right']
     assert result['chance_top1'] == 25.0 and result['epochs'] == 1
+    assert result['num_train'] == 32 and result['num_val'] == 8
     with open(osp.join(out, 'ablation.png'), 'rb') as f:
         assert f.read(8) == b'\x89PNG\r\n\x1a\n'
     table = open(osp.join(out, 'ablation.md')).read()
     for label in ('GQPE', 'LRPE', 'SGU'):
         assert label in table
     assert f'{result["gates"]["sgu"]["params"]:,}' in table
+
+
+def test_json_table_and_section_carry_intervals_and_paired_tests(ablation):
+    out, result = ablation
+    for row in result['gates'].values():
+        interval = row['top1_interval']
+        assert interval['level'] == 0.95
+        assert interval['low'] <= row['top1_mean'] <= interval['high']
+    assert [(p['a'], p['b']) for p in result['paired']] == [
+        ('gqpe', 'lrpe'), ('gqpe', 'sgu'), ('lrpe', 'sgu')]
+    for pair in result['paired']:
+        diffs = [a - b for a, b in zip(result['gates'][pair['a']]['top1'],
+                                       result['gates'][pair['b']]['top1'])]
+        assert pair['diff_mean'] == pytest.approx(sum(diffs) / SEEDS)
+        assert pair['df'] == SEEDS - 1
+    table = open(osp.join(out, 'ablation.md')).read()
+    assert 'p (paired t-test)' in table and '95% interval' in table
+    section = doc_section(result, 'x.json', 'x.png')
+    assert 'Did the paper\'s direction (PoSGU above SGU) hold here?' in \
+        section
+    assert 'the noise' in section
+
+
+def test_from_json_reads_an_older_file_without_the_statistics(ablation,
+                                                               tmp_path):
+    _, result = ablation
+    old = {k: v for k, v in result.items()
+           if k not in ('paired', 'statistics_note', 'num_train')}
+    old['gates'] = {g: {k: v for k, v in row.items() if k != 'top1_interval'}
+                    for g, row in result['gates'].items()}
+    out = tmp_path / 'old'
+    out.mkdir()
+    (out / 'ablation.json').write_text(json.dumps(old))
+    assert main(['--out', str(out), '--from-json']) == 0
+    table = (out / 'ablation.md').read_text()
+    assert 'p (paired t-test)' in table
+    assert f'{result["paired"][0]["diff_mean"]:+.2f}' in table
+
+
+def test_from_json_names_what_a_file_lacks(ablation, tmp_path, capsys):
+    _, result = ablation
+    broken = dict(result)
+    del broken['seeds']
+    (tmp_path / 'ablation.json').write_text(json.dumps(broken))
+    assert main(['--out', str(tmp_path), '--from-json']) == 2
+    assert 'lacks seeds' in capsys.readouterr().err
 
 
 def _count(model, names):
@@ -136,8 +183,7 @@ def test_the_docs_section_is_the_one_generated_from_its_json():
     JSON it names (tools/ablate_gates.py --from-json --update-doc), not by
     hand."""
     root = osp.dirname(osp.dirname(osp.abspath(__file__)))
-    with open(osp.join(root, 'docs', 'ablation', 'ablation.json')) as f:
-        result = json.load(f)
+    result = read_json(osp.join(root, 'docs', 'ablation', 'ablation.json'))
     body = doc_section(result, 'docs/ablation/ablation.json',
                        'ablation/ablation.png').strip('\n')
     with open(osp.join(root, 'docs', 'positional_encoding.md')) as f:

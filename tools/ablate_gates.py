@@ -9,9 +9,12 @@ with each gate (GQPE, LRPE, SGU), several seeds, one recipe for all.
     python tools/ablate_gates.py --out docs/ablation \
         --update-doc docs/positional_encoding.md
 
-Writes OUT/ablation.json (per gate: each seed's top-1, mean, std, total and
-token-mixing parameters, seconds per epoch), OUT/ablation.png (top-1 with
-error bars against token-mixing parameters) and OUT/ablation.md (a table).
+Writes OUT/ablation.json (per gate: each seed's top-1, mean, std, the 95%
+Student-t interval of the mean, total and token-mixing parameters, seconds
+per epoch; per pair of gates: a paired t-test over the seeds, the mean
+difference with its 95% interval and p-value), OUT/ablation.png (top-1 with
+95% intervals against token-mixing parameters) and OUT/ablation.md (the
+tables, and which differences are larger than the noise).
 Without --data it trains on the built-in relation set (where a triangle
 sits relative to a circle; posmlp_dense.data.relation_classes), made under
 data/demo_rel first if it is not there. With --update-doc PAGE it rewrites
@@ -65,7 +68,9 @@ def parse_args(argv=None):
                         f'(e.g. docs/positional_encoding.md) from the JSON')
     parser.add_argument('--from-json', action='store_true',
                         help='train nothing: redo the table, plot and '
-                        '--update-doc from OUT/ablation.json')
+                        '--update-doc from OUT/ablation.json (a file from '
+                        'before the intervals gets them from its per-seed '
+                        'top-1)')
     return parser.parse_args(argv)
 
 

@@ -7,7 +7,9 @@ batch size) for all, by the package's pretraining loop
 optimizer and scheduler). Each run reports the validation top-1 of its final
 weights; the result, per gate, is the top-1 of every seed, their mean and
 standard deviation, the total and token-mixing parameters and the seconds
-per epoch (:mod:`.ablation_report` writes it out).
+per epoch, and with them each gate's 95% interval and a paired test for
+each pair of gates (:func:`.ablation_report.add_statistics`;
+:mod:`.ablation_report` writes it all out).
 
 No "no positional term" row: in PosMLP the gate's positional mixing *is*
 the token mixing (the only place in a block where tokens meet), and none of
@@ -30,6 +32,7 @@ from ..gates import GateUnit
 from ..pretraining.model_factory import build_classifier
 from ..pretraining.recipe import SHAPES_DEMO, Recipe
 from ..pretraining.trainer import RunSettings, pretrain
+from .ablation_report import add_statistics
 
 #: The ablation's classifier: the demo detector's backbone widths and
 #: depths (configs/_base_/posmlp_demo_backbone.py) with windows that tile
@@ -104,6 +107,11 @@ def _mean_std(values: List[float]) -> tuple:
     return mean, std
 
 
+def _count_images(folder: str) -> int:
+    """Files in the class folders of an ImageFolder split."""
+    return sum(len(files) for _, _, files in os.walk(folder))
+
+
 def train_one(settings: AblationSettings, gate: str, seed: int,
               output: str) -> dict:
     """One run: top-1 of the final weights, parameter counts, time."""
@@ -152,8 +160,9 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
                 token_mixing_params=runs[0]['token_mixing_params'],
                 seconds_per_epoch=seconds / (settings.epochs * len(runs)))
     recipe = settings.recipe.replace(epochs=settings.epochs)
-    return dict(
+    return add_statistics(dict(
         data=settings.data, classes=list(classes),  # as given: no machine path
+        num_train=_count_images(os.path.join(settings.data, 'train')),
         num_val=num_val, chance_top1=100.0 / len(classes),
         seeds=list(range(settings.seeds)), epochs=settings.epochs,
         arch=settings.arch, recipe=recipe.as_dict(),
@@ -163,5 +172,5 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
                                 'validation at the end) / epochs, mean '
                                 'over seeds'),
         total_seconds=time.perf_counter() - started,
-        gates=gates)
+        gates=gates))
 
