@@ -7,6 +7,7 @@ import json
 import os.path as osp
 
 import pytest
+import torch
 
 from posmlp_dense.analysis.ablation_report import doc_section, read_json
 from posmlp_dense.analysis.gate_ablation import (ABLATION_ARCH,
@@ -52,6 +53,7 @@ def test_writes_json_png_and_table(ablation):
     assert result['classes'] == ['above', 'below', 'left', 'right']
     assert result['chance_top1'] == 25.0 and result['epochs'] == 1
     assert result['num_train'] == 32 and result['num_val'] == 8
+    assert result['threads'] == torch.get_num_threads()
     with open(osp.join(out, 'ablation.png'), 'rb') as f:
         assert f.read(8) == b'\x89PNG\r\n\x1a\n'
     table = open(osp.join(out, 'ablation.md')).read()

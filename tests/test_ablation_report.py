@@ -165,3 +165,21 @@ def test_json_with_unpaired_seeds_is_refused(tmp_path):
     path.write_text(json.dumps(result))
     with pytest.raises(ValueError, match='cannot be paired'):
         report.read_json(str(path))
+
+
+def test_the_run_time_names_the_threads_when_known():
+    result = _result(CLEAR)
+    assert 'the whole run took 10.0 min.' in report.doc_section(
+        result, 'a.json', 'a.png')  # an older file: no thread count
+    result['threads'] = 1
+    assert 'the whole run took 10.0 min with 1 CPU thread.' in \
+        report.doc_section(result, 'a.json', 'a.png')
+    result['threads'] = 2
+    assert 'Whole run: 10.0 min with 2 CPU threads.' in \
+        report.table_page(result)
+
+
+def test_p_values_read_as_sentences():
+    sentences = ' '.join(report._differences(_result(CLEAR)))
+    assert 'p < 0.001' in sentences and 'p = < ' not in sentences
+    assert 'p = 0.' in ' '.join(report._differences(_result(NOISY)))

@@ -131,6 +131,12 @@ def _p_text(p) -> str:
     return '< 0.001' if p < 0.001 else f'{p:.3f}'
 
 
+def _p_clause(p) -> str:
+    """'= 0.123' or '< 0.001', to follow a 'p'."""
+    text = _p_text(p)
+    return text if text.startswith('<') else f'= {text}'
+
+
 def _noise_text(pair: dict) -> str:
     if pair['larger_than_noise'] is None:
         return 'no estimate of the noise from one seed'
@@ -193,13 +199,21 @@ def _setup(result: dict) -> str:
             f'seeds {result["seeds"]}, the same recipe for every gate')
 
 
+def _run_time(result: dict) -> str:
+    minutes = f'{result["total_seconds"] / 60:.1f} min'
+    threads = result.get('threads')  # not in older files, None on a GPU
+    if threads:
+        minutes += f' with {threads} CPU thread{"s" if threads > 1 else ""}'
+    return minutes
+
+
 def _differences(result: dict) -> List[str]:
     """One sentence per pair of gates: the difference, its interval, p and
     whether it is larger than the noise."""
     seeds = len(result['seeds'])
     return [f'{_short(pair["a"])} − {_short(pair["b"])}: '
             f'{pair["diff_mean"]:+.2f} points ({LEVEL:.0%} interval '
-            f'{_interval_text(pair, "+")}, p = {_p_text(pair["p"])}, paired '
+            f'{_interval_text(pair, "+")}, p {_p_clause(pair["p"])}, paired '
             f't-test over {seeds} seeds): {_noise_text(pair)}.'
             for pair in result['paired']]
 
@@ -217,7 +231,7 @@ def table_page(result: dict) -> str:
             f'Token-mixing parameters: the gate units\' (SGU\'s LayerNorm '
             f'not counted). No-positional-term row: '
             f'{result["no_positional_term"]}. Whole run: '
-            f'{result["total_seconds"] / 60:.1f} min.\n')
+            f'{_run_time(result)}.\n')
 
 
 def plot(result: dict, path: str) -> None:
@@ -326,6 +340,8 @@ def _small_data_caveat(result: dict) -> str:
     params = max(row['params'] for row in result['gates'].values())
     return (
         f'**How far this speaks for ImageNet.** Not far. This is '
+        + (f'{result["num_train"]} training and '
+           if 'num_train' in result else '') +
         f'{result["num_val"]} validation images of {len(result["classes"])} '
         f'synthetic classes and a model of {params / 1e6:.2f}M parameters '
         f'trained for {result["epochs"]} epochs (minutes on a CPU), against '
@@ -350,8 +366,7 @@ def doc_section(result: dict, json_path: str, plot_path: str) -> str:
     paper = PAPER
     lines = [
         f'Made by `tools/ablate_gates.py --update-doc` from `{json_path}`: '
-        f'{_setup(result)}; the whole run took '
-        f'{result["total_seconds"] / 60:.1f} min.',
+        f'{_setup(result)}; the whole run took {_run_time(result)}.',
         '',
         markdown_table(result),
         f'![top-1 against token-mixing parameters]({plot_path})',
