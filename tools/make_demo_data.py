@@ -59,10 +59,14 @@ def parse_args(argv=None):
                         default=shape_classes.DEFAULT_IMAGE_SIZE,
                         help='classification image side (default: '
                         f'{shape_classes.DEFAULT_IMAGE_SIZE})')
-    parser.add_argument('--rel-train', type=int, default=1600,
-                        help='relation training images (default: 1600)')
-    parser.add_argument('--rel-val', type=int, default=400,
-                        help='relation validation images (default: 400)')
+    parser.add_argument('--rel-train', type=int,
+                        default=relation_classes.DEFAULT_NUM_TRAIN,
+                        help='relation training images (default: '
+                        f'{relation_classes.DEFAULT_NUM_TRAIN})')
+    parser.add_argument('--rel-val', type=int,
+                        default=relation_classes.DEFAULT_NUM_VAL,
+                        help='relation validation images (default: '
+                        f'{relation_classes.DEFAULT_NUM_VAL})')
     parser.add_argument('--rel-size', type=int,
                         default=relation_classes.DEFAULT_IMAGE_SIZE,
                         help='relation image side (default: '
