@@ -170,3 +170,31 @@ def test_scratch_and_pretrained_exclude_each_other(tmp_path, capsys):
     with pytest.raises(SystemExit):
         demo.parse_args(['--scratch', '--pretrained', str(ckpt)])
     assert 'not allowed with' in capsys.readouterr().err
+
+
+def test_phase_clock_times_each_phase_until_the_next(monkeypatch, capsys):
+    now = iter([0.0, 2.0, 2.0, 7.5])
+    monkeypatch.setattr(demo.time, 'perf_counter', lambda: next(now))
+    clock = demo.PhaseClock()
+    clock.start('datasets')
+    clock.start('train')
+    clock.stop()
+    clock.stop()  # nothing open: nothing added
+    assert clock.phases == [('datasets', 2.0), ('train', 5.5)]
+    assert clock.total() == 7.5
+    assert '=== datasets' in capsys.readouterr().out
+    assert clock.report().splitlines() == ['  datasets       2 s',
+                                           '  train          6 s']
+
+
+def test_the_printed_nms_is_the_merged_configs():
+    """The demo says which NMS made the boxes it scores, after the
+    user's --cfg-options."""
+    shipped = demo.merged_config(DET, [])
+    per_class = demo.merged_config(
+        DET, ['model.test_cfg.nms.class_agnostic=False'])
+    agnostic = demo.merged_config(
+        DET, ['model.test_cfg.nms.class_agnostic=True'])
+    assert demo.nms_note(agnostic).startswith('class-agnostic')
+    assert demo.nms_note(per_class).startswith('per-class')
+    assert demo.nms_note(shipped) == demo.nms_note(agnostic)

@@ -45,6 +45,7 @@ from posmlp_dense.data import shape_classes
 from posmlp_dense.data import shapes as demo_data
 from posmlp_dense.known_warnings import hide_known_third_party_warnings
 from posmlp_dense.pretraining import run_key
+from posmlp_dense.pretraining.recipe import SHAPES_DEMO
 
 HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(HERE)
@@ -144,9 +145,10 @@ def pretrained_options(checkpoint: str) -> list:
 def pretrain_arguments(work_dir: str, data_dir: str = 'data') -> list:
     """The tools/pretrain.py arguments of the demo's own pretraining: the
     built-in shape classes, the short CPU recipe, the demo detector's
-    backbone (the segmenter's is the same)."""
+    backbone (the segmenter's is the same), one evaluation at the end."""
     return ['--data', shape_classes.default_root(data_dir),
             '--recipe', 'shapes-demo', '--arch-from-config', DET_CONFIG,
+            '--eval-interval', str(SHAPES_DEMO.epochs),
             '--output', osp.join(work_dir, 'pretrain')]
 
 
@@ -176,11 +178,33 @@ def prediction_options(prefix: str) -> list:
     return [f'test_evaluator.outfile_prefix={osp.abspath(prefix)}']
 
 
-def label_share(config: str, prefix: str) -> dict:
-    """drawn_label_share of the boxes test.py wrote with ``prefix``, at
-    the score threshold the pictures are drawn with."""
-    from mmengine.config import Config
+def merged_config(config: str, options: list):
+    """``config`` as train.py and test.py see it with ``--cfg-options
+    OPTIONS``."""
+    from mmengine.config import Config, DictAction
     cfg = Config.fromfile(osp.join(ROOT, config))
+    if options:
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+        cfg.merge_from_dict(
+            parser.parse_args(['--cfg-options'] + options).cfg_options)
+    return cfg
+
+
+def nms_note(cfg) -> str:
+    """How the detector's NMS treats overlapping boxes of other classes:
+    a post-processing choice that the drawn-label share depends on."""
+    nms = cfg.model.test_cfg.get('nms') or {}
+    if nms.get('class_agnostic'):
+        return ('class-agnostic NMS: of overlapping boxes only the '
+                'best-scored is kept, whatever its class')
+    return 'per-class NMS: overlapping boxes of other classes are all kept'
+
+
+def label_share(cfg, prefix: str) -> dict:
+    """drawn_label_share of the boxes test.py wrote with ``prefix``, at
+    the score threshold the pictures are drawn with (``cfg``: the merged
+    config)."""
     ann_file = cfg.test_evaluator['ann_file']
     score_thr = cfg.default_hooks.visualization.score_thr
     with open(osp.join(ROOT, ann_file)) as f:
@@ -201,8 +225,39 @@ def describe_share(share: dict) -> str:
             f"{share['num_gt']} shapes not drawn)")
 
 
+class PhaseClock:
+    """The wall time of each phase of the demo: a phase lasts from its
+    header to the next one's."""
+
+    def __init__(self):
+        self.phases = []  # (title, seconds)
+        self._title, self._start = None, None
+
+    def start(self, title: str):
+        self.stop()
+        print(f'\n=== {title}', flush=True)
+        self._title, self._start = title, time.perf_counter()
+
+    def stop(self):
+        if self._start is not None:
+            self.phases.append(
+                (self._title, time.perf_counter() - self._start))
+        self._title, self._start = None, None
+
+    def total(self) -> float:
+        return sum(seconds for _, seconds in self.phases)
+
+    def report(self) -> str:
+        width = max((len(title) for title, _ in self.phases), default=0)
+        return '\n'.join(f'  {title:<{width}}  {seconds:6.0f} s'
+                         for title, seconds in self.phases)
+
+
+CLOCK = PhaseClock()
+
+
 def step(title: str):
-    print(f'\n=== {title}', flush=True)
+    CLOCK.start(title)
 
 
 def run(args):
@@ -285,8 +340,10 @@ def run_task(task: str, args, pretrained) -> dict:
                   after=read_metric(trained, spec['metric']),
                   checkpoint=checkpoint, pictures=pictures)
     if boxes:
-        result['shares'] = {when: label_share(config, prefix)
+        cfg = merged_config(config, extra)
+        result['shares'] = {when: label_share(cfg, prefix)
                             for when, prefix in boxes.items()}
+        result['nms'] = nms_note(cfg)
         with open(osp.join(work, 'drawn_labels.json'), 'w') as f:
             json.dump(result['shares'], f, indent=1)
     return result
@@ -303,13 +360,17 @@ def main(argv=None):
     if pretrained is None and not args.scratch:
         pretrained = demo_pretraining(args.work_dir)
     results = [run_task(task, args, pretrained) for task in tasks]
-    step(f'done in {(time.time() - start) / 60:.1f} min')
+    CLOCK.stop()
+    print(f'\n=== done in {(time.time() - start) / 60:.1f} min, by phase:')
+    print(CLOCK.report())
     print(f"backbone: {pretrained or 'random initialization (--scratch)'}")
     for r in results:
         print(f"{r['name']}: untrained {r['before']:.3f} -> trained "
               f"{r['after']:.3f}")
         for when, share in r.get('shares', {}).items():
             print(f'  {when}: {describe_share(share)}')
+        if 'nms' in r:
+            print(f"  boxes after {r['nms']}")
         print(f"  checkpoint: {r['checkpoint']}")
         print(f"  predictions drawn in: {r['pictures']}")
 
