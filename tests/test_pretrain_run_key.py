@@ -10,6 +10,7 @@ import pytest
 
 from posmlp_dense.data.shape_classes import make_classification_set
 from posmlp_dense.pretraining import run_key
+from posmlp_dense.pretraining.recipe import SHAPES_DEMO
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET = osp.join(ROOT, 'configs/demo/retinanet_posmlp_t_fpn_demo-shapes.py')
@@ -38,7 +39,8 @@ def _finished_run(output, key):
 def test_the_same_run_is_reused(data, tmp_path):
     out = str(tmp_path / 'run')
     key = run_key.run_key(_argv(data, out))
-    assert key['recipe']['epochs'] == 40  # the shapes-demo recipe, resolved
+    # the shapes-demo recipe, resolved
+    assert key['recipe'] == json.loads(json.dumps(SHAPES_DEMO.as_dict()))
     assert key['arch']['arch']['embed_dims'] == [32, 64, 128, 256]
     assert run_key.reuse_check(out, key)[0] is False  # nothing there yet
     _finished_run(out, key)
