@@ -31,14 +31,22 @@ def parse_args(argv=None):
                         help='parent folder of demo_coco/ and demo_ade/ '
                         '(default: data)')
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--det-train', type=int, default=128,
-                        help='detection training images (default: 128)')
-    parser.add_argument('--det-val', type=int, default=32,
-                        help='detection validation images (default: 32)')
-    parser.add_argument('--seg-train', type=int, default=128,
-                        help='segmentation training images (default: 128)')
-    parser.add_argument('--seg-val', type=int, default=32,
-                        help='segmentation validation images (default: 32)')
+    parser.add_argument('--det-train', type=int,
+                        default=demo_data.DETECTION_SPLITS[0],
+                        help='detection training images (default: '
+                        f'{demo_data.DETECTION_SPLITS[0]})')
+    parser.add_argument('--det-val', type=int,
+                        default=demo_data.DETECTION_SPLITS[1],
+                        help='detection validation images (default: '
+                        f'{demo_data.DETECTION_SPLITS[1]})')
+    parser.add_argument('--seg-train', type=int,
+                        default=demo_data.SEGMENTATION_SPLITS[0],
+                        help='segmentation training images (default: '
+                        f'{demo_data.SEGMENTATION_SPLITS[0]})')
+    parser.add_argument('--seg-val', type=int,
+                        default=demo_data.SEGMENTATION_SPLITS[1],
+                        help='segmentation validation images (default: '
+                        f'{demo_data.SEGMENTATION_SPLITS[1]})')
     parser.add_argument('--size', type=int, nargs=2, default=None,
                         metavar=('H', 'W'),
                         help='image height and width (default: 192 256)')
