@@ -322,12 +322,14 @@ def run_task(task: str, args, pretrained) -> dict:
     run([osp.join(HERE, 'test.py'), config, '--work-dir',
          osp.join(work, 'untrained'), '--out', untrained]
         + test_options('untrained'))
-    step(f'{task}: train ({config})')
+    step(f'{task}: train')
+    print(f'config: {config}', flush=True)
     train_dir = osp.join(work, 'train')
     run([osp.join(HERE, 'train.py'), config, '--work-dir', train_dir]
         + options)
     checkpoint = last_checkpoint(train_dir)
-    step(f'{task}: evaluate {checkpoint} and draw its predictions')
+    step(f'{task}: evaluate the trained model and draw its predictions')
+    print(f'checkpoint: {checkpoint}', flush=True)
     trained = osp.join(work, 'metrics.json')
     pictures = osp.join(work, 'predictions')
     run([osp.join(HERE, 'test.py'), config, checkpoint, '--work-dir',
