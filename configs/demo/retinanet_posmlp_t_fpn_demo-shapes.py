@@ -1,7 +1,7 @@
 # The out-of-the-box demo: RetinaNet-PosMLP on the built-in shapes set
 # (python tools/make_demo_data.py), small enough to train on a CPU in
 # minutes. It inherits the real COCO config and changes only the data, the
-# image size, the schedule and the model width.
+# image size, the schedule, the model width, the head's depth and the NMS.
 _base_ = ['../retinanet_posmlp_t_fpn_1x_coco.py',
           '../_base_/posmlp_demo_backbone.py']
 
