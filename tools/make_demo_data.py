@@ -31,22 +31,15 @@ def parse_args(argv=None):
                         help='parent folder of demo_coco/ and demo_ade/ '
                         '(default: data)')
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--det-train', type=int,
-                        default=demo_data.DETECTION_SPLITS[0],
-                        help='detection training images (default: '
-                        f'{demo_data.DETECTION_SPLITS[0]})')
-    parser.add_argument('--det-val', type=int,
-                        default=demo_data.DETECTION_SPLITS[1],
-                        help='detection validation images (default: '
-                        f'{demo_data.DETECTION_SPLITS[1]})')
-    parser.add_argument('--seg-train', type=int,
-                        default=demo_data.SEGMENTATION_SPLITS[0],
-                        help='segmentation training images (default: '
-                        f'{demo_data.SEGMENTATION_SPLITS[0]})')
-    parser.add_argument('--seg-val', type=int,
-                        default=demo_data.SEGMENTATION_SPLITS[1],
-                        help='segmentation validation images (default: '
-                        f'{demo_data.SEGMENTATION_SPLITS[1]})')
+    for task, name, splits in (('det', 'detection', demo_data.DETECTION_SPLITS),
+                               ('seg', 'segmentation',
+                                demo_data.SEGMENTATION_SPLITS)):
+        for split, what, default in zip(('train', 'val'),
+                                        ('training', 'validation'), splits):
+            parser.add_argument(f'--{task}-{split}', type=int,
+                                default=default,
+                                help=f'{name} {what} images (default: '
+                                f'{default})')
     parser.add_argument('--size', type=int, nargs=2, default=None,
                         metavar=('H', 'W'),
                         help='image height and width (default: 192 256)')
