@@ -2,11 +2,18 @@
 shapes, this machine's backend: C++ on a CPU) and the bytes they read and
 write, from inductor's ``inductor_metrics`` log of each graph it lowers.
 A proxy for a CUDA lowering, which fuses much alike (docs/performance.md).
+
+Inductor counts an extern kernel (a matmul, a convolution) as reading
+every buffer it touches whole, since it cannot see inside the call. A
+matmul that reads one block's slice of a stacked tensor is then charged
+the whole stack. ``bytes_by_extent`` charges each extern operand the span
+of memory its view covers instead (never more than inductor's figure);
+generated kernels are counted as inductor counts them.
 """
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -31,13 +38,41 @@ class _GraphMetrics(logging.Handler):
         if isinstance(args, tuple) and len(args) == 1:
             args = args[0]
         if isinstance(args, dict) and 'num_bytes_accessed' in args:
-            nodes = [node for node, _ in args['nodes_num_elem']]
+            nodes = args['nodes_num_elem']
+            externs = [(node, elements) for node, elements in nodes
+                       if type(node).__name__ == 'ExternKernelSchedulerNode']
+            # (inductor's per-node figure is its bytes // 4)
+            overcount = sum(4 * elements - _extern_extent_bytes(
+                node, 4 * elements) for node, elements in externs)
+            total = int(args['num_bytes_accessed'])
             self.graphs.append(dict(
-                bytes_accessed=int(args['num_bytes_accessed']),
-                kernels=len(nodes),
-                extern_kernels=sum(type(n).__name__ ==
-                                   'ExternKernelSchedulerNode'
-                                   for n in nodes)))
+                bytes_accessed=total, bytes_by_extent=total - overcount,
+                kernels=len(nodes), extern_kernels=len(externs)))
+
+
+def _span_bytes(tensor) -> Optional[int]:
+    """Bytes of memory an inductor IR tensor's (possibly strided) view
+    spans, or None where its layout has no fixed sizes and strides."""
+    try:
+        sizes = [int(n) for n in tensor.get_size()]
+        strides = [int(n) for n in tensor.get_stride()]
+        itemsize = tensor.get_dtype().itemsize
+    except (AttributeError, NotImplementedError, TypeError, ValueError):
+        return None
+    if 0 in sizes:
+        return 0
+    return (1 + sum((n - 1) * s for n, s in zip(sizes, strides))) * itemsize
+
+
+def _extern_extent_bytes(node, counted: int) -> int:
+    """An extern kernel's bytes with each operand and its output charged
+    the span its view covers; ``counted`` (inductor's whole-buffer figure)
+    where a layout is not fixed, and never more than it."""
+    spans = [_span_bytes(t) for t in (*getattr(node.node, 'inputs', ()),
+                                      node.node)]
+    if any(span is None for span in spans):
+        return counted
+    return min(counted, sum(spans))
 
 
 def count_compiled_step(model: nn.Module, mode: str,
@@ -45,7 +80,8 @@ def count_compiled_step(model: nn.Module, mode: str,
     """Kernels and bytes of ``model``'s ``mode`` step ('inference' or
     'train', as in gpu_proxy) compiled by inductor for input ``shape`` =
     (batch, height, width) on the CPU: totals over the lowered graphs, and
-    each graph's own (``graphs``: forward first)."""
+    each graph's own (``graphs``: forward first). ``bytes_accessed`` is
+    inductor's figure, ``bytes_by_extent`` the module docstring's."""
     if mode not in STEP_MODES:
         raise ValueError(f'unknown mode {mode!r}; choose from '
                          f'{", ".join(STEP_MODES)}')
@@ -79,6 +115,8 @@ def count_compiled_step(model: nn.Module, mode: str,
                                    for g in handler.graphs),
                 bytes_accessed=sum(g['bytes_accessed']
                                    for g in handler.graphs),
+                bytes_by_extent=sum(g['bytes_by_extent']
+                                    for g in handler.graphs),
                 graphs=handler.graphs)
 
 
@@ -97,7 +135,9 @@ def run_inductor_counts(models: Dict[str, nn.Module],
             log(f'inductor {mode} {"x".join(map(str, shape))} {name}: '
                 f'{counts["kernels"]} kernels ({counts["extern_kernels"]} '
                 f'extern), {counts["bytes_accessed"] / 1e9:.3f} GB read and '
-                f'written, {len(counts["graphs"])} graphs; eager '
+                f'written ({counts["bytes_by_extent"] / 1e9:.3f} GB with '
+                f'extern operands by extent), {len(counts["graphs"])} '
+                f'graphs; eager '
                 f'{eager["ops"]} operations, '
                 f'{eager["bytes_written"] / 1e9:.3f} GB written')
             rows.append(dict(model=name, mode=mode, shape=list(shape),

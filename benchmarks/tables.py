@@ -262,27 +262,36 @@ def inductor_counts_section(report: dict) -> str:
     env = report.get('environment', {})
     lines = [f"inductor's {counts['device']} backend, torch "
              f"{counts['torch']}, at commit {commit_text(env)}.", '']
+    # (files written before the extent figure existed lack it)
+    def extent(r):
+        return r.get('bytes_by_extent')
+
     lines += _table(
         ['step', 'model', 'eager operations', 'eager bytes written (GB)',
-         'compiled kernels (extern)', 'compiled bytes read + written (GB)'],
-        'llrrrr',
+         'compiled kernels (extern)', 'compiled bytes read + written (GB)',
+         'the same, extern operands by extent (GB)'],
+        'llrrrrr',
         [[step_name(r['mode'], r['shape']), _label(r['model']),
           f"{r['eager']['ops']:,}", _gb(r['eager']['bytes_written']),
           f"{r['kernels']:,} ({r['extern_kernels']:,})",
-          _gb(r['bytes_accessed'])] for r in rows])
+          _gb(r['bytes_accessed']),
+          '-' if extent(r) is None else _gb(extent(r))] for r in rows])
     pairs = posmlp_against_swin(rows, lambda r: (r['mode'],
                                                  tuple(r['shape'])))
     if pairs:
         lines += ['', 'PosMLP-T / Swin-T:', ''] + _table(
             ['step', 'eager operations', 'eager bytes written',
-             'compiled kernels', 'compiled bytes'], 'lrrrr',
+             'compiled kernels', 'compiled bytes',
+             'compiled bytes by extent'], 'lrrrrr',
             [[step_name(r['mode'], r['shape'])] + [
                 f'{a / b:.2f}' for a, b in (
                     (r['eager']['ops'], s['eager']['ops']),
                     (r['eager']['bytes_written'],
                      s['eager']['bytes_written']),
                     (r['kernels'], s['kernels']),
-                    (r['bytes_accessed'], s['bytes_accessed']))]
+                    (r['bytes_accessed'], s['bytes_accessed']))] + [
+                '-' if extent(r) is None or extent(s) is None
+                else f'{extent(r) / extent(s):.2f}']
              for r, s in pairs])
     return '\n'.join(lines)
 

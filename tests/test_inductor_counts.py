@@ -47,6 +47,36 @@ def test_counts_fused_kernels_and_bytes_per_graph():
         count_compiled_step(model, 'backward', (1, 8, 8))
 
 
+class _SliceOfStack(nn.Module):
+    """A matmul that reads one (8, 8) slice of a (64, 8, 8) stack its
+    graph computes: inductor charges the extern call the whole stack."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack = nn.Parameter(torch.randn(64, 8, 8))
+
+    def forward(self, x):
+        stack = self.stack * 2
+        y = x @ stack[5]
+        return (y,)
+
+
+def test_extern_operands_by_extent():
+    model = _SliceOfStack()
+    counts = count_compiled_step(model, 'inference', (1, 8, 8))
+    graph = counts['graphs'][0]
+    assert graph['bytes_by_extent'] == counts['bytes_by_extent']
+    stack_bytes = 64 * 8 * 8 * 4
+    # inductor's figure holds the stack twice (written, and read whole
+    # by the matmul); by extent the matmul reads its 8 x 8 slice
+    assert counts['bytes_accessed'] >= 2 * stack_bytes
+    saved = counts['bytes_accessed'] - counts['bytes_by_extent']
+    assert stack_bytes - 8 * 8 * 4 - 64 <= saved <= stack_bytes
+    # with no slicing, the two figures agree
+    plain = count_compiled_step(_Chain(), 'inference', (1, 8, 8))
+    assert plain['bytes_by_extent'] == plain['bytes_accessed']
+
+
 def test_markdown_sets_the_models_side_by_side():
     rows = [dict(model=m, mode='inference', shape=[1, 64, 64],
                  eager=dict(ops=ops, bytes_written=2e9), kernels=k,
@@ -55,7 +85,15 @@ def test_markdown_sets_the_models_side_by_side():
                                  ('swin_t', 400, 120, 2e9))]
     text = inductor_counts_section(
         dict(inductor_counts=dict(device='cpu', torch='x', rows=rows)))
-    assert '| inference 1x3x64x64 | PosMLP-T | 300 | 2.000 | 90 (1) | 3.000 |' \
+    assert ('| inference 1x3x64x64 | PosMLP-T | 300 | 2.000 | 90 (1) | '
+            '3.000 | - |') in text
+    assert '| inference 1x3x64x64 | 0.75 | 1.00 | 0.75 | 1.50 | - |' in text
+    for r, b in zip(rows, (2.4e9, 2e9)):
+        r['bytes_by_extent'] = b
+    text = inductor_counts_section(
+        dict(inductor_counts=dict(device='cpu', torch='x', rows=rows)))
+    assert ('| inference 1x3x64x64 | PosMLP-T | 300 | 2.000 | 90 (1) | '
+            '3.000 | 2.400 |') in text
+    assert '| inference 1x3x64x64 | 0.75 | 1.00 | 0.75 | 1.50 | 1.20 |' \
         in text
-    assert '| inference 1x3x64x64 | 0.75 | 1.00 | 0.75 | 1.50 |' in text
     assert inductor_counts_section({}) == ''
