@@ -101,7 +101,10 @@ def test_size_oblivious_export_matches_eager(gate):
         assert diff <= TOL, (gate, size, diff)
 
 
-@pytest.mark.parametrize('gate', GATES)
+# GQPE's file is made and checked in ONNX Runtime by tools/export.py in
+# test_export_tool.py (backbone_export: verified at three sizes, partial and
+# single windows among them, and run at a fourth); the two other gates here
+@pytest.mark.parametrize('gate', ('lrpe', 'sgu'))
 def test_onnx_dynamo_export_runs_in_onnxruntime_at_other_sizes(gate, tmp_path):
     ort = pytest.importorskip('onnxruntime')
     pytest.importorskip('onnxscript')
