@@ -165,9 +165,15 @@ def test_fx_feature_extraction(gate):
     assert _max_diff([feats[f'level{i}'] for i in range(4)], ref) <= TOL
 
 
+@pytest.mark.slow
 def test_compile_dynamic_runs_across_sizes_without_recompiling():
     """torch.compile(dynamic=True) runs at three untiled sizes with eager's
     results and compiles one graph for all of them.
+
+    Under --slow: the default run checks the same in
+    test_compile.py::test_inductor_dynamic_one_graph_for_seven_sizes (the
+    same capture, fullgraph and dynamic=True, through inductor's code
+    generation as well, one graph for seven untiled sizes, eager's outputs).
 
     Two things outside the model's control do recompile: torch's conv shape
     function branches on C*H*W > 20480 for each conv's input (with this
