@@ -76,15 +76,22 @@ def _extern_extent_bytes(node, counted: int) -> int:
 
 
 def count_compiled_step(model: nn.Module, mode: str,
-                        shape: Tuple[int, int, int], seed: int = 0) -> dict:
+                        shape: Tuple[int, int, int], seed: int = 0,
+                        freezing: bool = False) -> dict:
     """Kernels and bytes of ``model``'s ``mode`` step ('inference' or
     'train', as in gpu_proxy) compiled by inductor for input ``shape`` =
     (batch, height, width) on the CPU: totals over the lowered graphs, and
     each graph's own (``graphs``: forward first). ``bytes_accessed`` is
-    inductor's figure, ``bytes_by_extent`` the module docstring's."""
+    inductor's figure, ``bytes_by_extent`` the module docstring's.
+    ``freezing``: inductor's ``freezing`` (inference only): the parameters
+    are constants, and what depends on them alone is computed once, at
+    compile time."""
     if mode not in STEP_MODES:
         raise ValueError(f'unknown mode {mode!r}; choose from '
                          f'{", ".join(STEP_MODES)}')
+    if freezing and mode != 'inference':
+        raise ValueError(f'freezing makes the parameters constants: it '
+                         f'compiles inference only, not {mode!r}')
     batch, h, w = shape
     x = make_input((h, w), batch, torch.device('cpu'), seed)
     set_mode(model, STEP_MODES[mode])
@@ -97,7 +104,8 @@ def count_compiled_step(model: nn.Module, mode: str,
     logger.handlers, logger.propagate = [handler], False  # kept, not printed
     try:
         # a cached graph would skip the lowering that reports the metrics
-        with torch._inductor.config.patch(fx_graph_cache=False), \
+        with torch._inductor.config.patch(fx_graph_cache=False,
+                                          freezing=freezing), \
                 torch._functorch.config.patch(enable_autograd_cache=False):
             compiled = torch.compile(model, dynamic=False, fullgraph=True)
             make_step(compiled, STEP_MODES[mode])(x)
@@ -122,17 +130,24 @@ def count_compiled_step(model: nn.Module, mode: str,
 
 def run_inductor_counts(models: Dict[str, nn.Module],
                         steps: Sequence[Tuple[str, Sequence[int]]],
-                        seed: int = 0, log: Callable[[str], None] = print
-                        ) -> dict:
+                        seed: int = 0, log: Callable[[str], None] = print,
+                        freezing: bool = False) -> dict:
     """A row per (step, model): ``count_compiled_step``, and the eager
     step's operations and bytes written (gpu_proxy.count_step, fp32, on
-    CPU tensors) under 'eager'."""
+    CPU tensors) under 'eager'. With ``freezing``, each inference step
+    also compiled with inductor's freezing, in rows of their own."""
     rows = []
-    for mode, shape in steps:
+    cases = [(mode, shape, False) for mode, shape in steps]
+    if freezing:
+        cases += [(mode, shape, True) for mode, shape in steps
+                  if mode == 'inference']
+    for mode, shape, frozen in cases:
         for name, model in models.items():
             eager = count_step(model, mode, tuple(shape), 'cpu', seed)
-            counts = count_compiled_step(model, mode, tuple(shape), seed)
-            log(f'inductor {mode} {"x".join(map(str, shape))} {name}: '
+            counts = count_compiled_step(model, mode, tuple(shape), seed,
+                                         frozen)
+            log(f'inductor {mode}{" frozen" if frozen else ""} '
+                f'{"x".join(map(str, shape))} {name}: '
                 f'{counts["kernels"]} kernels ({counts["extern_kernels"]} '
                 f'extern), {counts["bytes_accessed"] / 1e9:.3f} GB read and '
                 f'written ({counts["bytes_by_extent"] / 1e9:.3f} GB with '
@@ -141,7 +156,7 @@ def run_inductor_counts(models: Dict[str, nn.Module],
                 f'{eager["ops"]} operations, '
                 f'{eager["bytes_written"] / 1e9:.3f} GB written')
             rows.append(dict(model=name, mode=mode, shape=list(shape),
-                             eager=dict(ops=eager['ops'],
+                             freezing=frozen, eager=dict(ops=eager['ops'],
                                         bytes_written=eager['bytes_written']),
                              **counts))
     return dict(backend='inductor', device='cpu', torch=torch.__version__,

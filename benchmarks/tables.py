@@ -266,24 +266,28 @@ def inductor_counts_section(report: dict) -> str:
     def extent(r):
         return r.get('bytes_by_extent')
 
+    def step(r):
+        name = step_name(r['mode'], r['shape'])
+        return f'{name}, frozen' if r.get('freezing') else name
+
     lines += _table(
         ['step', 'model', 'eager operations', 'eager bytes written (GB)',
          'compiled kernels (extern)', 'compiled bytes read + written (GB)',
          'the same, extern operands by extent (GB)'],
         'llrrrrr',
-        [[step_name(r['mode'], r['shape']), _label(r['model']),
+        [[step(r), _label(r['model']),
           f"{r['eager']['ops']:,}", _gb(r['eager']['bytes_written']),
           f"{r['kernels']:,} ({r['extern_kernels']:,})",
           _gb(r['bytes_accessed']),
           '-' if extent(r) is None else _gb(extent(r))] for r in rows])
-    pairs = posmlp_against_swin(rows, lambda r: (r['mode'],
-                                                 tuple(r['shape'])))
+    pairs = posmlp_against_swin(rows, lambda r: (
+        r['mode'], tuple(r['shape']), bool(r.get('freezing'))))
     if pairs:
         lines += ['', 'PosMLP-T / Swin-T:', ''] + _table(
             ['step', 'eager operations', 'eager bytes written',
              'compiled kernels', 'compiled bytes',
              'compiled bytes by extent'], 'lrrrrr',
-            [[step_name(r['mode'], r['shape'])] + [
+            [[step(r)] + [
                 f'{a / b:.2f}' for a, b in (
                     (r['eager']['ops'], s['eager']['ops']),
                     (r['eager']['bytes_written'],

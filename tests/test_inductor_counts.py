@@ -77,6 +77,19 @@ def test_extern_operands_by_extent():
     assert plain['bytes_by_extent'] == plain['bytes_accessed']
 
 
+def test_freezing_computes_what_the_parameters_alone_decide_once():
+    # the stack depends on a parameter alone: frozen, it is a constant
+    # and its kernel is gone
+    model = _SliceOfStack()
+    plain = count_compiled_step(model, 'inference', (1, 8, 8))
+    frozen = count_compiled_step(model, 'inference', (1, 8, 8),
+                                 freezing=True)
+    assert frozen['kernels'] < plain['kernels']
+    assert not torch._inductor.config.freezing
+    with pytest.raises(ValueError, match='inference only'):
+        count_compiled_step(model, 'train', (2, 8, 8), freezing=True)
+
+
 def test_markdown_sets_the_models_side_by_side():
     rows = [dict(model=m, mode='inference', shape=[1, 64, 64],
                  eager=dict(ops=ops, bytes_written=2e9), kernels=k,
@@ -96,4 +109,13 @@ def test_markdown_sets_the_models_side_by_side():
             '3.000 | 2.400 |') in text
     assert '| inference 1x3x64x64 | 0.75 | 1.00 | 0.75 | 1.50 | 1.20 |' \
         in text
+    # frozen rows are steps of their own, set side by side among themselves
+    frozen = [dict(r, freezing=True, kernels=r['kernels'] // 2)
+              for r in rows]
+    text = inductor_counts_section(dict(inductor_counts=dict(
+        device='cpu', torch='x', rows=rows + frozen)))
+    assert ('| inference 1x3x64x64, frozen | PosMLP-T | 300 | 2.000 | '
+            '45 (1) |') in text
+    assert ('| inference 1x3x64x64, frozen | 0.75 | 1.00 | 0.75 | 1.50 | '
+            '1.20 |') in text
     assert inductor_counts_section({}) == ''

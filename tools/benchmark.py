@@ -145,7 +145,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                          'inductor, beside the eager counts')
     i.add_argument('--models', type=_models, default='posmlp_t,swin_t')
     i.add_argument('--steps', type=_steps,
-                   default='inference:1x800x1333,train:2x512x512')
+                   default='inference:1x800x1333,inference:1x512x512,'
+                   'inference:1x448x672,train:2x512x512')
+    i.add_argument('--freezing', action='store_true',
+                   help="also count each inference step compiled with "
+                   "inductor's freezing (parameters as constants)")
 
     v = parts.add_parser('versions', parents=[common], help="this "
                          "checkout's PosMLP against a commit's, paired")
@@ -247,7 +251,7 @@ def measure(args, device: torch.device, log) -> dict:
         from benchmarks.inductor_counts import run_inductor_counts
         return dict(inductor_counts=run_inductor_counts(
             build_models(args.models, args.posmlp_arch, args.seed),
-            args.steps, args.seed, log))
+            args.steps, args.seed, log, args.freezing))
     from benchmarks.versions import compare_versions
     result = compare_versions(args.base, args.mode, args.shape,
                               args.posmlp_arch or 't', args.rounds,
