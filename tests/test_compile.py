@@ -104,15 +104,22 @@ def test_training_step_graph_serves_every_size(batch, dynamic, graphs):
     _check_training_compiles_once('aot_eager', batch, dynamic, graphs)
 
 
-def _inductor_graph_passes():
+def _inductor_graph_passes(saved_views: list):
     """A backend with inductor's decompositions and joint-graph passes
     (pattern rewrites, partition) but no code generation: the guards those
-    passes add, in seconds rather than the minutes of inductor's C++."""
+    passes add, in seconds rather than the minutes of inductor's C++. Each
+    forward graph's saved views whose strides inductor could not order
+    (``_unorderable_saved_views``) are added to ``saved_views``."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.backends.debugging import boxed_nop
     from torch._inductor.compile_fx import partition_fn
     from torch._inductor.decomposition import select_decomp_table
-    return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop,
+
+    def forward_compiler(gm, example_inputs):
+        saved_views.extend(_unorderable_saved_views(gm))
+        return boxed_nop(gm, example_inputs)
+
+    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=boxed_nop,
                         partition_fn=partition_fn,
                         decompositions=select_decomp_table())
 
@@ -129,9 +136,19 @@ def test_inductor_graph_passes_add_no_size_guard(batch, dynamic, graphs):
     below: its decompositions change the summation order. The default run
     keeps batch 1 under dynamic=True (that failure) and batch 2 under
     dynamic=None (the second graph, and a batch above 1); the other two
-    cases run under --slow."""
-    _check_training_compiles_once(_inductor_graph_passes(), batch, dynamic,
-                                  graphs, torch.float64)
+    cases run under --slow.
+
+    The same graphs save no view whose strides inductor cannot order. In
+    a detector, the neck's convolutions join the backbone's graph, and on
+    a CPU inductor then lays 4-D tensors out channels-last. A view saved
+    for the backward with such a layout has strides like (C * B * H * W,
+    1, C * W, C), whose order sympy cannot settle for symbolic sizes, and
+    inductor stopped at the first iteration of mmengine's compile. The
+    gate's output and the downsampling's convolution save no 4-D view."""
+    saved_views = []
+    _check_training_compiles_once(_inductor_graph_passes(saved_views),
+                                  batch, dynamic, graphs, torch.float64)
+    assert not saved_views, saved_views
 
 
 # the operators whose result inductor lowers as a view of their input
@@ -171,36 +188,6 @@ def _unorderable_saved_views(fw_module) -> list:
     return found
 
 
-def test_no_saved_view_whose_strides_inductor_cannot_order():
-    """In a detector, the neck's convolutions join the backbone's graph,
-    and on a CPU inductor then lays 4-D tensors out channels-last. A view
-    saved for the backward with such a layout has strides like
-    (C * B * H * W, 1, C * W, C), whose order sympy cannot settle for
-    symbolic sizes, and inductor stopped at the first iteration of
-    mmengine's compile. The gate's output and the downsampling's
-    convolution save no 4-D view (inductor's decompositions and partition,
-    without code generation)."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._dynamo.backends.debugging import boxed_nop
-    from torch._inductor.compile_fx import partition_fn
-    from torch._inductor.decomposition import select_decomp_table
-    found = []
-
-    def forward_compiler(gm, example_inputs):
-        found.extend(_unorderable_saved_views(gm))
-        return boxed_nop(gm, example_inputs)
-
-    backend = aot_autograd(fw_compiler=forward_compiler,
-                           bw_compiler=boxed_nop, partition_fn=partition_fn,
-                           decompositions=select_decomp_table())
-    torch._dynamo.reset()
-    model = PosMLP(TINY_ARCH, gate='gqpe', drop_path_rate=0.0).train()
-    compiled = torch.compile(model, dynamic=True, fullgraph=True,
-                             backend=backend)
-    sum(o.sum() for o in compiled(torch.randn(2, 3, 192, 256))).backward()
-    assert not found, found
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('batch, dynamic, graphs', [
     (2, True, 1), (1, True, 1), (1, None, 2), (2, None, 2)])
@@ -217,8 +204,8 @@ def test_inductor_training_step_compiles_once(batch, dynamic, graphs):
     sympy.simplify called by inductor's C++ vectorization analysis, so
     all four need ``pytest --slow`` (``make test-slow``). The default run
     guards what they catch more cheaply: the graph-pass test above (the
-    guards of inductor's decompositions and partition, all four cases),
-    the saved-view test (the stride order inductor's lowering could not
+    guards of inductor's decompositions and partition, all four cases, and
+    the saved views whose stride order inductor's lowering could not
     settle), and the inference case (inductor's code generation, one
     graph for seven sizes)."""
     _check_training_compiles_once('inductor', batch, dynamic, graphs,
