@@ -262,6 +262,7 @@ def inductor_counts_section(report: dict) -> str:
     env = report.get('environment', {})
     lines = [f"inductor's {counts['device']} backend, torch "
              f"{counts['torch']}, at commit {commit_text(env)}.", '']
+
     # (files written before the extent figure existed lack it)
     def extent(r):
         return r.get('bytes_by_extent')
