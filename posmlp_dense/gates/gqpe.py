@@ -28,6 +28,7 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 
+from ..forward_mode import is_capturing_graph
 from ..relative_position import gqpe_offset_features
 from .position_bias import PositionBias
 
@@ -68,9 +69,21 @@ def softmax_weights(coefficients: torch.Tensor, features: torch.Tensor,
     offsets' (relative_position.gqpe_offset_features); ``index`` (N * N,):
     each query/key pair's offset (relative_position.lrpe_relative_index)."""
     n = window[0] * window[1]
-    scores = coefficients @ features.t()             # (..., groups, offsets)
-    scores = scores.masked_fill(scores < NEGLIGIBLE_SCORE, float('-inf'))
-    return scores.index_select(-1, index).unflatten(-1, (n, n)).softmax(-1)
+    if is_capturing_graph(coefficients):
+        # the same scores, bit for bit, per pair by one matmul: a compiler
+        # would fuse a gather before the softmax into each of its passes
+        # (three gathers of every weight, on a CPU)
+        scores = _drop_negligible(
+            coefficients @ features.index_select(0, index).t())
+    else:  # per offset, then gathered: fewer operations
+        scores = _drop_negligible(coefficients @ features.t()).index_select(
+            -1, index)
+    return scores.unflatten(-1, (n, n)).softmax(-1)
+
+
+def _drop_negligible(scores: torch.Tensor) -> torch.Tensor:
+    """-inf where a score gives a weight below NEGLIGIBLE_WEIGHT."""
+    return scores.masked_fill(scores < NEGLIGIBLE_SCORE, float('-inf'))
 
 
 class GQPE(PositionBias):
