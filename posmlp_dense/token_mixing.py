@@ -29,7 +29,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .windows import WindowGrid, index_remainder
+from .windows import WindowGrid
 
 
 @dataclass
@@ -103,8 +103,8 @@ def mixings_on_grids(weights: torch.Tensor, bias: torch.Tensor,
     for grid in {id(g): g for g in grids}.values():
         chosen = [j for j, g in enumerate(grids) if g is grid]
         on_map = grid.map_index(bias.device)
-        rows = bias.index_select(1, index_remainder(on_map, grid.tokens)
-                                 ).unbind(0)
+        rows = bias.index_select(
+            1, grid.in_window_index_on_map(bias.device)).unbind(0)
         for j in chosen:
             biases[j] = rows[j]
         normalized_here = [j for j in chosen if normalized[j]]

@@ -101,7 +101,7 @@ class WindowGrid:
             # The indices go in as (windows * wh, ww), so that a compiler
             # loops over each window row's ww tokens innermost: there the
             # source is contiguous, and inductor's CPU code vectorizes.)
-            source, real, _ = self._gather_indices(t.device)
+            source, real = self._gather_indices(t.device)[:2]
             flat = t.reshape(K, B, self.height * self.width)
             picked = flat[:, :, source.view(-1, ww)] * \
                 real.view(-1, ww).to(t.dtype)
@@ -182,10 +182,18 @@ class WindowGrid:
                                      ].reshape(-1)
         return self._map_index
 
+    def in_window_index_on_map(self, device) -> torch.Tensor:
+        """(H * W,): each token of the map, in map order, as the index of
+        its position in its window (``map_index`` modulo N)."""
+        if self.gathers:
+            return self._gather_indices(device)[3]
+        return self.map_index(device) % self.tokens
+
     def _gather_indices(self, device):
         """For the window layout of one sample: the map position each token
         copies (any real one where padded), which tokens are real, and, per
-        map position, its token (``map_index``)."""
+        map position, its token (``map_index``) and its index in its window
+        (``in_window_index_on_map``)."""
         if self._indices is None:
             wh, ww = self.window
             n = wh * ww
@@ -201,9 +209,10 @@ class WindowGrid:
             q = torch.arange(self.height * self.width, device=device)
             ym = q // self.width + self.top
             xm = index_remainder(q, self.width) + self.left
-            target = ((ym // wh) * self.cols + xm // ww) * n + \
-                index_remainder(ym, wh) * ww + index_remainder(xm, ww)
-            self._indices = (source, real, target)
+            in_window = index_remainder(ym, wh) * ww + \
+                index_remainder(xm, ww)
+            target = ((ym // wh) * self.cols + xm // ww) * n + in_window
+            self._indices = (source, real, target, in_window)
         return self._indices
 
     def spans(self, axis: int) -> List[Tuple[int, int]]:

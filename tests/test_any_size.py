@@ -133,6 +133,9 @@ def test_window_layout_round_trip_and_key_mask(size, window, origin,
     other = window_grid(*size, window, origin, gathers=not gathers)
     assert torch.equal(other.to_windows(t, groups), rows)
     assert torch.equal(other.to_map(rows).view_as(grouped), grouped)
+    in_window = grid.in_window_index_on_map(t.device)
+    assert torch.equal(in_window, grid.map_index(t.device) % (wh * ww))
+    assert torch.equal(other.in_window_index_on_map(t.device), in_window)
 
 
 def test_kept_window_layout_is_reused_only_where_nothing_records():

@@ -178,6 +178,24 @@ def test_gqpe_formula_lives_in_one_function(monkeypatch):
     assert not torch.allclose(before[3], after[3], atol=1e-4)
 
 
+def test_gqpe_weights_in_a_captured_graph_equal_eager_bit_for_bit():
+    """A captured graph scores every query/key pair by one matmul, eager
+    scores the offsets and gathers them: the weights are the same, bit for
+    bit, negligible keys dropped alike."""
+    from posmlp_dense.gates import GQPE
+    torch.manual_seed(0)
+    encodings = [GQPE((7, 5), 4), GQPE((7, 5), 4)]
+    with torch.no_grad():
+        for encoding in encodings:  # some scores below NEGLIGIBLE_SCORE
+            encoding.attention_spreads.mul_(6.0)
+            encoding.attention_centers.normal_(0.0, 2.0)
+    eager = GQPE.stacked_weights(encodings)
+    captured = torch.compile(lambda: GQPE.stacked_weights(encodings),
+                             backend='eager', fullgraph=True)()
+    assert (eager == 0).any() and ((eager > 0).sum(-1) > 1).any()
+    assert torch.equal(captured, eager)
+
+
 def test_partial_window_matrices_equal_the_published_softmax():
     """A partial window's matrices (the full window's softmax renormalized
     over the real keys, token_mixing.key_scale) are the published softmax
