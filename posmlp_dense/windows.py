@@ -99,8 +99,8 @@ class WindowGrid:
             # last size inductor's pointless-view pass would compare with
             # windows * N, guarding on whether a sample has one window.
             # The indices go in as (windows * wh, ww), so that a compiler
-            # loops over each window row's ww tokens innermost: there the
-            # source is contiguous, and inductor's CPU code vectorizes.)
+            # loops over each window row's ww tokens innermost, which
+            # inductor's CPU code vectorizes, GELU inlined there included.)
             source, real = self._gather_indices(t.device)[:2]
             flat = t.reshape(K, B, self.height * self.width)
             picked = flat[:, :, source.view(-1, ww)] * \
@@ -235,8 +235,8 @@ def index_remainder(index: torch.Tensor, divisor) -> torch.Tensor:
     indices' arithmetic. ONNX export has no remainder by a symbolic scalar;
     and inductor turns this spelling into index expressions of its loop
     variables, where it keeps ``%`` of a value it cannot prove
-    non-negative as integer arithmetic per element (in a compiled step's
-    gate output, 20 ns per element on a CPU)."""
+    non-negative as integer arithmetic on every element of the kernels
+    that index with it (the gate's output)."""
     return index - (index // divisor) * divisor
 
 
