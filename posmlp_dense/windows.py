@@ -38,10 +38,10 @@ class WindowGrid:
 
     ``gathers``: cut u into windows with index arithmetic and a gather, and
     compute ``map_index`` by arithmetic, instead of a scatter and a view of
-    a padded map's positions. Both give the same layout, bit for bit. A captured graph needs the gathers:
-    a view of a padded map makes the tracer guard on sizes (that a map holds
-    more than one window, say), which would tie the graph to sizes like the
-    capture's. Eager PyTorch scatters into a zeroed layout instead, which
+    a padded map's positions. Both give the same layout, bit for bit. A
+    captured graph needs the gathers: a view of a padded map makes the
+    tracer guard on sizes (that a map holds more than one window, say),
+    which would tie the graph to sizes like the capture's. Eager PyTorch scatters into a zeroed layout instead, which
     it keeps for the next block (``to_windows``'s ``slot``).
     """
 
@@ -100,10 +100,13 @@ class WindowGrid:
             # windows * N, guarding on whether a sample has one window.
             # The indices go in as (windows * wh, ww), so that a compiler
             # loops over each window row's ww tokens innermost, which
-            # inductor's CPU code vectorizes, GELU inlined there included.)
-            source, real = self._gather_indices(t.device)[:2]
-            flat = t.reshape(K, B, self.height * self.width)
-            picked = flat[:, :, source.view(-1, ww)] * \
+            # inductor's CPU code vectorizes, GELU inlined there included;
+            # and as a row and a column, not one flat map position, whose
+            # split back into the map's two dimensions gives the compiler
+            # a modulus of clamped sums to simplify with symbolic sizes:
+            # minutes of inductor's vectorization analysis on a CPU.)
+            rows, cols, real = self._gather_indices(t.device)[:3]
+            picked = t[:, :, rows.view(-1, ww), cols.view(-1, ww)] * \
                 real.view(-1, ww).to(t.dtype)
             picked = picked.view(K // groups, groups, B, -1, ww).transpose(
                 0, 1)
@@ -162,7 +165,7 @@ class WindowGrid:
         """(windows * N,): 1 where a token of the window layout is real, 0
         where padded (``like``'s dtype and device)."""
         if self.gathers:
-            return self._gather_indices(like.device)[1].to(like.dtype)
+            return self._gather_indices(like.device)[2].to(like.dtype)
         return like.new_zeros(self.padded_tokens).index_fill_(
             0, self.map_index(like.device), 1)
 
@@ -170,7 +173,7 @@ class WindowGrid:
         """(H * W,): where each token of the map, in map order, sits in one
         sample's window layout (its window * N + its in-window index)."""
         if self.gathers:
-            return self._gather_indices(device)[2]
+            return self._gather_indices(device)[3]
         if self._map_index is None:
             wh, ww = self.window
             layout = torch.arange(self.padded_tokens, device=device).view(
@@ -186,14 +189,14 @@ class WindowGrid:
         """(H * W,): each token of the map, in map order, as the index of
         its position in its window (``map_index`` modulo N)."""
         if self.gathers:
-            return self._gather_indices(device)[3]
+            return self._gather_indices(device)[4]
         return self.map_index(device) % self.tokens
 
     def _gather_indices(self, device):
-        """For the window layout of one sample: the map position each token
-        copies (any real one where padded), which tokens are real, and, per
-        map position, its token (``map_index``) and its index in its window
-        (``in_window_index_on_map``)."""
+        """For the window layout of one sample: the map row and column
+        each token copies (any real one where padded), which tokens are
+        real, and, per map position, its token (``map_index``) and its
+        index in its window (``in_window_index_on_map``)."""
         if self._indices is None:
             wh, ww = self.window
             n = wh * ww
@@ -204,15 +207,15 @@ class WindowGrid:
                 index_remainder(pos, ww) - self.left
             real = (ys >= 0) & (ys < self.height) & (xs >= 0) & \
                 (xs < self.width)
-            source = ys.clamp(0, self.height - 1) * self.width + \
-                xs.clamp(0, self.width - 1)
+            rows = ys.clamp(0, self.height - 1)
+            cols = xs.clamp(0, self.width - 1)
             q = torch.arange(self.height * self.width, device=device)
             ym = q // self.width + self.top
             xm = index_remainder(q, self.width) + self.left
             in_window = index_remainder(ym, wh) * ww + \
                 index_remainder(xm, ww)
             target = ((ym // wh) * self.cols + xm // ww) * n + in_window
-            self._indices = (source, real, target, in_window)
+            self._indices = (rows, cols, real, target, in_window)
         return self._indices
 
     def spans(self, axis: int) -> List[Tuple[int, int]]:
