@@ -26,9 +26,19 @@ holds at every input size.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
+
+
+
+class GatherIndices(NamedTuple):
+    """A grid's gather indices (``WindowGrid._gather_indices``)."""
+    rows: torch.Tensor       # (windows * N,) map row each token copies
+    cols: torch.Tensor       # (windows * N,) map column each token copies
+    real: torch.Tensor       # (windows * N,) True where a token is real
+    map_index: torch.Tensor  # (H * W,) see WindowGrid.map_index
+    in_window: torch.Tensor  # (H * W,) see in_window_index_on_map
 
 
 class WindowGrid:
@@ -41,8 +51,9 @@ class WindowGrid:
     a padded map's positions. Both give the same layout, bit for bit. A
     captured graph needs the gathers: a view of a padded map makes the
     tracer guard on sizes (that a map holds more than one window, say),
-    which would tie the graph to sizes like the capture's. Eager PyTorch scatters into a zeroed layout instead, which
-    it keeps for the next block (``to_windows``'s ``slot``).
+    which would tie the graph to sizes like the capture's. Eager PyTorch
+    scatters into a zeroed layout instead, which it keeps for the next
+    block (``to_windows``'s ``slot``).
     """
 
     def __init__(self, height, width, window: Tuple[int, int], top=0, left=0,
@@ -105,9 +116,10 @@ class WindowGrid:
             # split back into the map's two dimensions gives the compiler
             # a modulus of clamped sums to simplify with symbolic sizes:
             # minutes of inductor's vectorization analysis on a CPU.)
-            rows, cols, real = self._gather_indices(t.device)[:3]
-            picked = t[:, :, rows.view(-1, ww), cols.view(-1, ww)] * \
-                real.view(-1, ww).to(t.dtype)
+            index = self._gather_indices(t.device)
+            picked = t[:, :, index.rows.view(-1, ww),
+                       index.cols.view(-1, ww)] * \
+                index.real.view(-1, ww).to(t.dtype)
             picked = picked.view(K // groups, groups, B, -1, ww).transpose(
                 0, 1)
             return picked.contiguous().view(groups, -1).view(groups, -1,
@@ -165,7 +177,7 @@ class WindowGrid:
         """(windows * N,): 1 where a token of the window layout is real, 0
         where padded (``like``'s dtype and device)."""
         if self.gathers:
-            return self._gather_indices(like.device)[2].to(like.dtype)
+            return self._gather_indices(like.device).real.to(like.dtype)
         return like.new_zeros(self.padded_tokens).index_fill_(
             0, self.map_index(like.device), 1)
 
@@ -173,7 +185,7 @@ class WindowGrid:
         """(H * W,): where each token of the map, in map order, sits in one
         sample's window layout (its window * N + its in-window index)."""
         if self.gathers:
-            return self._gather_indices(device)[3]
+            return self._gather_indices(device).map_index
         if self._map_index is None:
             wh, ww = self.window
             layout = torch.arange(self.padded_tokens, device=device).view(
@@ -189,10 +201,10 @@ class WindowGrid:
         """(H * W,): each token of the map, in map order, as the index of
         its position in its window (``map_index`` modulo N)."""
         if self.gathers:
-            return self._gather_indices(device)[4]
+            return self._gather_indices(device).in_window
         return self.map_index(device) % self.tokens
 
-    def _gather_indices(self, device):
+    def _gather_indices(self, device) -> GatherIndices:
         """For the window layout of one sample: the map row and column
         each token copies (any real one where padded), which tokens are
         real, and, per map position, its token (``map_index``) and its
@@ -215,7 +227,7 @@ class WindowGrid:
             in_window = index_remainder(ym, wh) * ww + \
                 index_remainder(xm, ww)
             target = ((ym // wh) * self.cols + xm // ww) * n + in_window
-            self._indices = (rows, cols, real, target, in_window)
+            self._indices = GatherIndices(rows, cols, real, target, in_window)
         return self._indices
 
     def spans(self, axis: int) -> List[Tuple[int, int]]:
