@@ -47,12 +47,14 @@ class Mixing:
         return self.weights.shape[0]
 
 
-def key_scale(weights: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-    """(..., groups, windows * N): 1 / (the sum of a query's weights over
-    its window's real keys), for weights (..., groups, N, N) whose full
-    rows sum to 1 and ``key_mask`` (windows * N,) of a window layout.
-    Padded queries get 0 (their output is dropped), through a denominator
-    of 1 there, so that no infinity reaches the gradients."""
+def real_key_sums(weights: torch.Tensor, key_mask: torch.Tensor
+                  ) -> torch.Tensor:
+    """(..., groups, windows * N): each query's weights summed over the
+    real keys of its window, for weights (..., groups, N, N) over a whole
+    window and ``key_mask`` (windows * N,) of a window layout. A real
+    query's key scale is 1 / its sum (``key_scale``): its own key (offset
+    0) always has weight, so the sum is never 0; a padded query's may be,
+    and is never used."""
     n = weights.shape[-1]
     lead = weights.shape[:-2]
     flat = weights.reshape(-1, n, n)
@@ -60,10 +62,21 @@ def key_scale(weights: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
     # twice: a tensor whose rows are a bare window count would make the
     # tracer guard on whether the count is 1; the copy's rows are ignored.)
     twice = torch.cat([key_mask, key_mask]).view(1, -1, n)
-    real_sum = torch.bmm(twice.expand(flat.shape[0], -1, -1),
-                         flat.transpose(1, 2))
-    real_sum = real_sum.view(flat.shape[0], -1)[:, :key_mask.shape[0]]
-    return key_mask / (real_sum.reshape(*lead, -1) + (1 - key_mask))
+    sums = torch.bmm(twice.expand(flat.shape[0], -1, -1),
+                     flat.transpose(1, 2))
+    sums = sums.view(flat.shape[0], -1)[:, :key_mask.shape[0]]
+    return sums.reshape(*lead, -1)
+
+
+def key_scale(weights: torch.Tensor, key_mask: torch.Tensor,
+              queries: torch.Tensor) -> torch.Tensor:
+    """(..., groups, Q): the key scale of the Q real queries at positions
+    ``queries`` (Q,) of the window layout: 1 / (the sum of each one's
+    weights over its window's real keys, ``real_key_sums``). Taken at the
+    real queries alone, so that no padded query's sum is ever divided by
+    (nor, in a captured graph, a real query's position tested)."""
+    return real_key_sums(weights, key_mask).index_select(
+        -1, queries).reciprocal()
 
 
 def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
@@ -112,9 +125,8 @@ def mixings_on_grids(weights: torch.Tensor, bias: torch.Tensor,
             continue
         stacked = weights if len(normalized_here) == len(grids) else \
             torch.stack([blocks[j] for j in normalized_here])
-        on_tokens = key_scale(stacked, grid.key_mask(weights))
-        for j, scale in zip(normalized_here, on_tokens.index_select(
-                2, on_map).unbind(0)):
+        on_tokens = key_scale(stacked, grid.key_mask(weights), on_map)
+        for j, scale in zip(normalized_here, on_tokens.unbind(0)):
             scales[j] = scale
     return [Mixing(w, b, s) for w, b, s in zip(blocks, biases, scales)]
 

@@ -221,13 +221,20 @@ class WindowGrid:
                 (xs < self.width)
             rows = ys.clamp(0, self.height - 1)
             cols = xs.clamp(0, self.width - 1)
-            q = torch.arange(self.height * self.width, device=device)
-            ym = q // self.width + self.top
-            xm = index_remainder(q, self.width) + self.left
-            in_window = index_remainder(ym, wh) * ww + \
-                index_remainder(xm, ww)
-            target = ((ym // wh) * self.cols + xm // ww) * n + in_window
-            self._indices = GatherIndices(rows, cols, real, target, in_window)
+            # per map row and per map column, then summed over the (H, W)
+            # map: a compiler inlines these into the kernels that gather
+            # with them, and an index split per axis costs a few integer
+            # operations per element where one flat position costs dozens
+            # (inductor then realizes the gate's output apart from the
+            # product with v, once its operations pass a threshold)
+            ym = torch.arange(self.height, device=device) + self.top
+            xm = torch.arange(self.width, device=device) + self.left
+            row_in, col_in = index_remainder(ym, wh), index_remainder(xm, ww)
+            in_window = (row_in * ww).unsqueeze(1) + col_in
+            target = ((ym // wh) * (self.cols * n)).unsqueeze(1) + \
+                (xm // ww) * n + in_window
+            self._indices = GatherIndices(rows, cols, real, target.view(-1),
+                                          in_window.view(-1))
         return self._indices
 
     def spans(self, axis: int) -> List[Tuple[int, int]]:

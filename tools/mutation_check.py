@@ -116,13 +116,14 @@ MUTATIONS: List[Mutation] = [
     # ------------------------------------------- forward pass: the mixing
     # (token_mixing.py, block_pass.py, gates/, backbone.py, block.py)
     Mutation(
-        "key_scale without its padded-query guard (0 / 0 where a padded "
-        "query's window has no real key within reach)",
+        "key_scale taken at the layout's first positions, not at the real "
+        "queries",
         'posmlp_dense/token_mixing.py',
-        '    return key_mask / (real_sum.reshape(*lead, -1) + '
-        '(1 - key_mask))\n',
-        '    return key_mask / real_sum.reshape(*lead, -1)\n',
-        (LEAN, '-k', 'equals_autograd'), forward=True),
+        '    return real_key_sums(weights, key_mask).index_select(\n'
+        '        -1, queries).reciprocal()\n',
+        '    return real_key_sums(weights, key_mask)[\n'
+        '        ..., :queries.shape[0]].reciprocal()\n',
+        (ANY, '-k', 'partial_windows_equal'), forward=True),
     Mutation(
         "level_mixings: the shifted blocks' per-query bias and key scale "
         "laid out on the unshifted blocks' grid",
@@ -241,17 +242,16 @@ MUTATIONS: List[Mutation] = [
     Mutation(
         'padded windows: softmax rows not renormalized over the real keys',
         'posmlp_dense/token_mixing.py',
-        '    return key_mask / (real_sum.reshape(*lead, -1) + '
-        '(1 - key_mask))\n',
-        '    return key_mask.expand(*lead, -1)\n',
+        '    twice = torch.cat([key_mask, key_mask]).view(1, -1, n)\n',
+        '    twice = torch.ones_like(key_mask).repeat(2).view(1, -1, n)\n',
         (ANY, '-k', 'partial_windows_equal'), forward=True),
     Mutation(
         'padded windows: padded keys not zeroed by the gathers (captured '
         'graphs)',
         'posmlp_dense/windows.py',
-        '            picked = flat.index_select(2, source) * '
-        'real.to(t.dtype)\n',
-        '            picked = flat.index_select(2, source)\n',
+        '                       index.cols.view(-1, ww)] * \\\n'
+        '                index.real.view(-1, ww).to(t.dtype)\n',
+        '                       index.cols.view(-1, ww)]\n',
         (EXPORT_EAGER,), forward=True),
     Mutation(
         'padded windows: padded keys padded with ones, not zeros (eager '

@@ -82,9 +82,10 @@ class GateUnit(nn.Module):
         weights, bias = type(self).stacked_weights([self])
         weights, bias = weights[0], bias[0]
         index = in_window_index(rect, self.window, device=weights.device)
+        rows = weights[:, index]
         if self.normalizes_over_keys:
             mask = torch.zeros(self.num_positions, dtype=weights.dtype,
                                device=weights.device)
             mask[index] = 1
-            weights = weights * key_scale(weights, mask).unsqueeze(-1)
-        return weights[:, index][:, :, index], bias[index]
+            rows = rows * key_scale(weights, mask, index).unsqueeze(-1)
+        return rows[:, :, index], bias[index]
