@@ -150,9 +150,9 @@ MUTATIONS: List[Mutation] = [
         'GQPE: keys of negligible weight given score 0 (the weight of the '
         "query's own key) instead of none",
         'posmlp_dense/gates/gqpe.py',
-        "    scores = scores.masked_fill(scores < NEGLIGIBLE_SCORE, "
+        "    return scores.masked_fill(scores < NEGLIGIBLE_SCORE, "
         "float('-inf'))\n",
-        "    scores = scores.masked_fill(scores < NEGLIGIBLE_SCORE, 0.0)\n",
+        "    return scores.masked_fill(scores < NEGLIGIBLE_SCORE, 0.0)\n",
         (NUMERICS, '-k', 'large_activations'), forward=True),
     Mutation(
         "block GELU is tanh-approximated (published: exact erf)",
