@@ -2,6 +2,9 @@
 shapes, this machine's backend: C++ on a CPU) and the bytes they read and
 write, from inductor's ``inductor_metrics`` log of each graph it lowers.
 A proxy for a CUDA lowering, which fuses much alike (docs/performance.md).
+A kernel is a node of inductor's schedule that emits code: a no-op node
+(a ``cat`` whose inputs' kernels write straight into its slices) is
+counted apart, as ``no_op_nodes``.
 
 Inductor counts an extern kernel (a matmul, a convolution) as reading
 every buffer it touches whole, since it cannot see inside the call. A
@@ -41,13 +44,18 @@ class _GraphMetrics(logging.Handler):
             nodes = args['nodes_num_elem']
             externs = [(node, elements) for node, elements in nodes
                        if type(node).__name__ == 'ExternKernelSchedulerNode']
+            # a no-op node (a cat whose inputs' kernels write its slices)
+            # emits no code: a node of the schedule but not a kernel
+            no_ops = sum(type(node).__name__ == 'NopKernelSchedulerNode'
+                         for node, _ in nodes)
             # (inductor's per-node figure is its bytes // 4)
             overcount = sum(4 * elements - _extern_extent_bytes(
                 node, 4 * elements) for node, elements in externs)
             total = int(args['num_bytes_accessed'])
             self.graphs.append(dict(
                 bytes_accessed=total, bytes_by_extent=total - overcount,
-                kernels=len(nodes), extern_kernels=len(externs)))
+                kernels=len(nodes) - no_ops, extern_kernels=len(externs),
+                no_op_nodes=no_ops))
 
 
 def _span_bytes(tensor) -> Optional[int]:
@@ -121,6 +129,7 @@ def count_compiled_step(model: nn.Module, mode: str,
     return dict(kernels=sum(g['kernels'] for g in handler.graphs),
                 extern_kernels=sum(g['extern_kernels']
                                    for g in handler.graphs),
+                no_op_nodes=sum(g['no_op_nodes'] for g in handler.graphs),
                 bytes_accessed=sum(g['bytes_accessed']
                                    for g in handler.graphs),
                 bytes_by_extent=sum(g['bytes_by_extent']

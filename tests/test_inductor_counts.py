@@ -77,6 +77,26 @@ def test_extern_operands_by_extent():
     assert plain['bytes_by_extent'] == plain['bytes_accessed']
 
 
+class _CatOfTwo(nn.Module):
+    """A cat of two computed halves: on a CPU inductor writes each half
+    into its slice of the output, and the cat itself is a no-op node."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Conv2d(3, 8, 1)
+
+    def forward(self, x):
+        y = self.proj(x)
+        return (torch.cat([y.relu(), y.sigmoid()], 1).sum(1),)
+
+
+def test_no_op_nodes_are_not_kernels():
+    counts = count_compiled_step(_CatOfTwo(), 'inference', (1, 8, 8))
+    assert counts['no_op_nodes'] == counts['graphs'][0]['no_op_nodes'] == 1
+    # the convolution, the two halves and the sum; not the cat
+    assert counts['kernels'] == 4
+
+
 def test_freezing_computes_what_the_parameters_alone_decide_once():
     # the stack depends on a parameter alone: frozen, it is a constant
     # and its kernel is gone
