@@ -89,7 +89,10 @@ class PosMLPBlock(nn.Module):
         if not (self.training and self.drop_path > 0):
             return None
         keep = 1.0 - self.drop_path
-        return x.new_empty(x.shape[0]).bernoulli_(keep).div_(keep)
+        # drawn by torch.rand, which a compiler generates inside the kernel
+        # that uses the draw (bernoulli_ stays a library call of its own)
+        kept = torch.rand(x.shape[0], device=x.device) < keep
+        return kept.to(x.dtype) / keep
 
     def extra_repr(self) -> str:
         return f'drop_path={self.drop_path}'
