@@ -91,8 +91,8 @@ class PosMLPBlock(nn.Module):
         keep = 1.0 - self.drop_path
         # drawn by torch.rand, which a compiler generates inside the kernel
         # that uses the draw (bernoulli_ stays a library call of its own)
-        kept = torch.rand(x.shape[0], device=x.device) < keep
-        return kept.to(x.dtype) / keep
+        # (float32: the block applies it in its output's dtype)
+        return (torch.rand(x.shape[0], device=x.device) < keep) / keep
 
     def extra_repr(self) -> str:
         return f'drop_path={self.drop_path}'
