@@ -90,8 +90,8 @@ class PosMLPBlock(nn.Module):
             return None
         keep = 1.0 - self.drop_path
         # drawn by torch.rand, which a compiler generates inside the kernel
-        # that uses the draw (bernoulli_ stays a library call of its own)
-        # (float32: the block applies it in its output's dtype)
+        # that uses the draw (bernoulli_ stays a library call of its own);
+        # float32, since every user casts it to its output's dtype
         return (torch.rand(x.shape[0], device=x.device) < keep) / keep
 
     def extra_repr(self) -> str:

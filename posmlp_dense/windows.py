@@ -31,7 +31,6 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 
 
-
 class GatherIndices(NamedTuple):
     """A grid's gather indices (``WindowGrid._gather_indices``)."""
     rows: torch.Tensor       # (windows * N,) map row each token copies
