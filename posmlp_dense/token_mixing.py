@@ -79,19 +79,20 @@ def key_scale(weights: torch.Tensor, key_mask: torch.Tensor,
         -1, queries).reciprocal()
 
 
-def level_mixings(gates: Sequence, grids: Sequence[WindowGrid]
-                  ) -> List[Mixing]:
+def level_mixings(gates: Sequence, grids: Sequence[WindowGrid],
+                  captured: bool = False) -> List[Mixing]:
     """The mixing operands of a level's blocks: gate ``gates[j]`` on grid
     ``grids[j % len(grids)]`` (one grid per gate, or one per block parity),
-    their weights computed in one stacked call. In float32 whatever
-    autocast says (softmax scores need its range)."""
+    their weights computed in one stacked call; ``captured`` for a graph
+    being captured (forward_mode.py). In float32 whatever autocast says
+    (softmax scores need its range)."""
     device = next(gates[0].parameters()).device
     with torch.autocast(device.type, enabled=False):
         kind = type(gates[0])
         if all(type(g) is kind for g in gates):
-            weights, bias = kind.stacked_weights(gates)
+            weights, bias = kind.stacked_weights(gates, captured)
         else:  # mixed gate types: each computes its own
-            parts = [type(g).stacked_weights([g]) for g in gates]
+            parts = [type(g).stacked_weights([g], captured) for g in gates]
             weights = torch.cat([w for w, _ in parts])
             bias = torch.cat([b for _, b in parts])
         return mixings_on_grids(

@@ -263,9 +263,9 @@ def test_mixing_weights_are_computed_once_per_level(monkeypatch):
     calls = []
     original = PoSGU.stacked_weights.__func__
 
-    def counted(cls, gates):
+    def counted(cls, gates, captured=False):
         calls.append(len(gates))
-        return original(cls, gates)
+        return original(cls, gates, captured)
     monkeypatch.setattr(PoSGU, 'stacked_weights', classmethod(counted))
     model = _model('gqpe')
     x = torch.randn(1, 3, 100, 150)

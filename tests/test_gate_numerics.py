@@ -190,10 +190,34 @@ def test_gqpe_weights_in_a_captured_graph_equal_eager_bit_for_bit():
             encoding.attention_spreads.mul_(6.0)
             encoding.attention_centers.normal_(0.0, 2.0)
     eager = GQPE.stacked_weights(encodings)
-    captured = torch.compile(lambda: GQPE.stacked_weights(encodings),
-                             backend='eager', fullgraph=True)()
+    captured = torch.compile(
+        lambda: GQPE.stacked_weights(encodings, captured=True),
+        backend='eager', fullgraph=True)()
     assert (eager == 0).any() and ((eager > 0).sum(-1) > 1).any()
     assert torch.equal(captured, eager)
+    assert torch.equal(GQPE.stacked_weights(encodings, captured=True), eager)
+
+
+def test_the_forward_tells_gqpe_whether_a_graph_is_captured(monkeypatch):
+    """The forward decides its mode once (forward_mode.py) and hands GQPE
+    the capture flag: the per-pair scores in a captured graph, the
+    per-offset ones in eager, in every level."""
+    from posmlp_dense.gates import gqpe
+    seen = []
+    original = gqpe.softmax_weights
+
+    def spy(*args, **kwargs):
+        seen.append(args[4])
+        return original(*args, **kwargs)
+    monkeypatch.setattr(gqpe, 'softmax_weights', spy)
+    model = randomize_(PosMLP(TINY_ARCH, gate='gqpe')).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        model(x)
+        assert seen == [False] * 4
+        seen.clear()
+        torch.compile(model, backend='eager', fullgraph=True)(x)
+    assert seen == [True] * 4
 
 
 def test_partial_window_matrices_equal_the_published_softmax():

@@ -132,6 +132,13 @@ MUTATIONS: List[Mutation] = [
         '        on_map = grids[0].map_index(bias.device)\n',
         (ANY, '-k', 'shifted'), forward=True),
     Mutation(
+        "a level's mixing weights computed for eager in a captured graph "
+        "(the capture flag not handed down)",
+        'posmlp_dense/backbone.py',
+        '                    [block_grids[j] for j in fused], mode.graph)):\n',
+        '                    [block_grids[j] for j in fused])):\n',
+        (NUMERICS, '-k', 'tells_gqpe'), forward=True),
+    Mutation(
         'isotropic GQPE score with the sign of the d2 term flipped',
         'posmlp_dense/gates/gqpe.py',
         '        linear = (spreads * spreads).unsqueeze(-1) * centers\n',

@@ -45,10 +45,11 @@ class GateUnit(nn.Module):
         return self.window[0] * self.window[1]
 
     @classmethod
-    def stacked_weights(cls, gates: Sequence['GateUnit']
+    def stacked_weights(cls, gates: Sequence['GateUnit'],
+                        captured: bool = False
                         ) -> Tuple[torch.Tensor, torch.Tensor]:
         """(weights (D, groups, N, N), bias (D, N)) of ``gates``, D of this
-        class."""
+        class; ``captured`` for a graph being captured (forward_mode.py)."""
         raise NotImplementedError
 
     def prepare_input(self, u: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,6 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 
-from ..forward_mode import is_capturing_graph
 from ..relative_position import gqpe_offset_features
 from .position_bias import PositionBias
 
@@ -62,14 +61,15 @@ def score_coefficients(centers: torch.Tensor, spreads: torch.Tensor,
 
 
 def softmax_weights(coefficients: torch.Tensor, features: torch.Tensor,
-                    index: torch.Tensor, window: Tuple[int, int]
-                    ) -> torch.Tensor:
+                    index: torch.Tensor, window: Tuple[int, int],
+                    captured: bool = False) -> torch.Tensor:
     """(..., groups, N, N) softmax weights over a whole window's keys, keys
     of negligible weight dropped (NEGLIGIBLE_WEIGHT). ``features``: the
     offsets' (relative_position.gqpe_offset_features); ``index`` (N * N,):
-    each query/key pair's offset (relative_position.lrpe_relative_index)."""
+    each query/key pair's offset (relative_position.lrpe_relative_index).
+    ``captured``: for a graph being captured (forward_mode.py)."""
     n = window[0] * window[1]
-    if is_capturing_graph(coefficients):
+    if captured:
         # the same scores, bit for bit, per pair by one matmul: a compiler
         # would fuse a gather before the softmax into each of its passes
         # (three gathers of every weight, on a CPU)
@@ -126,14 +126,15 @@ class GQPE(PositionBias):
                                   self.symmetric)
 
     @classmethod
-    def stacked_weights(cls, modules: Sequence['GQPE']) -> torch.Tensor:
+    def stacked_weights(cls, modules: Sequence['GQPE'],
+                        captured: bool = False) -> torch.Tensor:
         first = modules[0]
         centers = torch.stack([m.attention_centers for m in modules])
         spreads = torch.stack([m.attention_spreads for m in modules])
         coefficients = score_coefficients(centers, spreads, first.generalized,
                                           first.symmetric)
         return softmax_weights(coefficients, first.offset_features,
-                               first.offset_index, first.window)
+                               first.offset_index, first.window, captured)
 
     def extra_repr(self) -> str:
         return (f'window={self.window}, groups={self.groups}, '

@@ -37,7 +37,8 @@ class LRPE(PositionBias):
         nn.init.zeros_(self.token_proj_n_bias)
 
     @classmethod
-    def stacked_weights(cls, modules: Sequence['LRPE']) -> torch.Tensor:
+    def stacked_weights(cls, modules: Sequence['LRPE'],
+                        captured: bool = False) -> torch.Tensor:
         first = modules[0]
         n = first.window[0] * first.window[1]
         tables = torch.stack(

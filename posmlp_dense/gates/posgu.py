@@ -52,12 +52,13 @@ class PoSGU(GateUnit):
             self.register_load_state_dict_pre_hook(_check_token_matrix)
 
     @classmethod
-    def stacked_weights(cls, gates: Sequence['PoSGU']):
+    def stacked_weights(cls, gates: Sequence['PoSGU'],
+                        captured: bool = False):
         encodings = [g.pos for g in gates]
         if any(type(p) is not type(encodings[0]) for p in encodings):
             raise ValueError('stacked_weights: the gates mix GQPE and LRPE '
                              'encodings')
-        weights = type(encodings[0]).stacked_weights(encodings)
+        weights = type(encodings[0]).stacked_weights(encodings, captured)
         if not gates[0].pos_only:
             weights = weights + torch.stack(
                 [g.token_proj_n_weight for g in gates])
@@ -66,7 +67,7 @@ class PoSGU(GateUnit):
     def forward(self, u: torch.Tensor, v: torch.Tensor, grid: WindowGrid
                 ) -> torch.Tensor:
         with torch.autocast(u.device.type, enabled=False):
-            weights, bias = self.pos()
+            weights, bias = self.pos(grid.gathers)
             if not self.pos_only:
                 weights = weights + self.token_proj_n_weight
             mixing = mixings_on_grids(weights[None], bias[None],

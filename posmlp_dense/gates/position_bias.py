@@ -50,17 +50,20 @@ class PositionBias(nn.Module):
         self.register_load_state_dict_pre_hook(_adapt_state_dict)
 
     @classmethod
-    def stacked_weights(cls, modules) -> torch.Tensor:
+    def stacked_weights(cls, modules, captured: bool = False) -> torch.Tensor:
         """(D, groups, N, N): the mixing weights of D encodings of this
-        class (the formula of the encoding; see its module docstring)."""
+        class (the formula of the encoding; see its module docstring).
+        ``captured``: for a graph being captured (forward_mode.py), where
+        an encoding may order its operations for the compiler."""
         raise NotImplementedError
 
-    def forward(self) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, captured: bool = False
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
         """This encoding's weights (groups, N, N) and per-query bias (N,)
         over a whole window: what ``stacked_weights`` and ``stacked_bias``
         give for it alone. The gate calls it where the block calls its
         modules (module_calls.py); the fast path stacks a level's."""
-        return (type(self).stacked_weights([self])[0],
+        return (type(self).stacked_weights([self], captured)[0],
                 self.token_proj_n_bias.view(-1))
 
     @staticmethod

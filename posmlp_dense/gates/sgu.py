@@ -41,7 +41,7 @@ class SGU(GateUnit):
     lean_backward = False
 
     @classmethod
-    def stacked_weights(cls, gates: Sequence['SGU']):
+    def stacked_weights(cls, gates: Sequence['SGU'], captured: bool = False):
         projs = [g.proj_list[0] for g in gates]
         return (torch.stack([p.weight for p in projs]).unsqueeze(1),
                 torch.stack([p.bias for p in projs]))
