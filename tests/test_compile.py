@@ -32,12 +32,24 @@ def _max_diff(outs, refs) -> float:
     return max((a - b).abs().max().item() for a, b in zip(outs, refs))
 
 
-def test_inductor_dynamic_one_graph_for_seven_sizes():
+@pytest.mark.parametrize('vectorized', [
+    False, pytest.param(True, marks=pytest.mark.slow)])
+def test_inductor_dynamic_one_graph_for_seven_sizes(vectorized):
+    """Inductor's C++ code generation, one graph for seven sizes. The
+    default run generates scalar loops (no SIMD ISA): the same lowering,
+    scheduling and loop code, whose size checks (e.g. a float32 sum's
+    chunked accumulation when its length may exceed 4096) the scalar
+    kernels make too. The vectorized case adds the tiling analysis, which
+    asks sympy.simplify about every index with symbolic sizes and so takes
+    three times as long (six minutes on a 2-core CPU): it runs under
+    --slow."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     model = randomize_(PosMLP(TINY_ARCH, gate='gqpe')).eval()
     compiled = torch.compile(model, dynamic=True, fullgraph=True)
-    with torch.no_grad():
+    # simdlen None: the CPU's own ISA; 1 bit matches no ISA: scalar code
+    isa = dict() if vectorized else {'cpp.simdlen': 1}
+    with torch.no_grad(), torch._inductor.config.patch(isa):
         for size in SIZES:
             x = torch.randn(1, 3, *size)
             assert _max_diff(compiled(x), model(x)) <= 1e-4, size
@@ -206,7 +218,7 @@ def test_inductor_training_step_compiles_once(batch, dynamic, graphs):
     guards what they catch more cheaply: the graph-pass test above (the
     guards of inductor's decompositions and partition, all four cases, and
     the saved views whose stride order inductor's lowering could not
-    settle), and the inference case (inductor's code generation, one
-    graph for seven sizes)."""
+    settle), and the inference case (inductor's code generation, in
+    scalar loops, one graph for seven sizes)."""
     _check_training_compiles_once('inductor', batch, dynamic, graphs,
                                   torch.float64)
