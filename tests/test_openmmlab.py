@@ -21,31 +21,18 @@ mmdet = pytest.importorskip('mmdet')
 mmseg = pytest.importorskip('mmseg')
 
 from mmengine.config import Config  # noqa: E402
-from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 from mmengine.runner.checkpoint import _load_checkpoint  # noqa: E402
 
-from posmlp_dense.data import shapes as demo_data  # noqa: E402
 from posmlp_dense.checkpoint import read_checkpoint  # noqa: E402
 from posmlp_dense.openmmlab import MMPosMLP  # noqa: E402
 
 from conftest import TINY_ARCH, fixture_arch, fixture_path  # noqa: E402
+from openmmlab_runs import (DEMO_DET, DEMO_SEG, ROOT,  # noqa: E402
+                            models_registry, small_run_cfg, write_demo_data)
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', '*.py'))
                  + glob.glob(osp.join(ROOT, 'configs', 'demo', '*.py')))
-DEMO_DET = osp.join(ROOT, 'configs', 'demo',
-                    'retinanet_posmlp_t_fpn_demo-shapes.py')
-DEMO_SEG = osp.join(ROOT, 'configs', 'demo', 'fpn_posmlp_t_demo-shapes.py')
-
-
-def _models_registry(cfg):
-    init_default_scope(cfg.default_scope)
-    if cfg.default_scope == 'mmdet':
-        from mmdet.registry import MODELS
-    else:
-        from mmseg.registry import MODELS
-    return MODELS
 
 
 def _cpu_friendly(cfg):
@@ -114,7 +101,7 @@ def test_config_builds_and_trains_one_step(path):
     _cpu_friendly(cfg)
     if cfg.default_scope == 'mmseg':
         cfg.model.data_preprocessor.size = (64, 96)
-    model = _models_registry(cfg).build(cfg.model)
+    model = models_registry(cfg).build(cfg.model)
     assert isinstance(model.backbone, MMPosMLP)
     model.init_weights()
     model.train()
@@ -134,7 +121,7 @@ def test_config_builds_and_trains_one_step(path):
 def test_optimizer_groups_exempt_positional_parameters_from_decay():
     from mmengine.optim import build_optim_wrapper
     cfg = Config.fromfile(DEMO_DET)
-    model = _models_registry(cfg).build(cfg.model)
+    model = models_registry(cfg).build(cfg.model)
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     decay = {}
     names = {id(p): n for n, p in model.named_parameters()}
@@ -150,47 +137,11 @@ def test_optimizer_groups_exempt_positional_parameters_from_decay():
     assert decay['backbone.levels.0.encoder.0.proj_c_e.weight'] == 0.05
 
 
-@pytest.mark.parametrize('constructor', [
-    'PlainGroupsOptimWrapperConstructor', 'DefaultOptimWrapperConstructor'])
-def test_shipped_parameter_groups_let_dynamo_trace_the_optimizer_step(
-        constructor):
-    """The shipped schedules' constructor gives mmengine's groups as plain
-    dicts, so that a compiled train_step (a config's compile=True) traces
-    the optimizer step; mmengine's own constructor, with the same
-    paramwise_cfg, gives ConfigDicts, at which dynamo stops (torch
-    2.14.1)."""
-    from mmengine.optim import build_optim_wrapper
-    import posmlp_dense.openmmlab.runtime  # noqa: F401  (registers)
-    cfg = Config.fromfile(DEMO_DET)
-    assert cfg.optim_wrapper.constructor == \
-        'PlainGroupsOptimWrapperConstructor'
-    cfg.optim_wrapper.constructor = constructor
-    model = _models_registry(cfg).build(cfg.model)
-    optimizer = build_optim_wrapper(model, cfg.optim_wrapper).optimizer
-    reference = build_optim_wrapper(model, dict(
-        cfg.optim_wrapper, constructor='DefaultOptimWrapperConstructor')
-        ).optimizer.param_groups
-    groups = optimizer.param_groups
-    assert [{k: v for k, v in g.items() if k != 'params'} for g in groups] \
-        == [{k: v for k, v in g.items() if k != 'params'} for g in reference]
-    assert [g['params'] for g in groups] == [g['params'] for g in reference]
-
-    for p in model.parameters():
-        p.grad = torch.ones_like(p)
-    torch._dynamo.reset()
-    step = torch.compile(optimizer.step, backend='eager')
-    if constructor == 'PlainGroupsOptimWrapperConstructor':
-        step()
-    else:
-        with pytest.raises(Exception, match='UserDefinedDictVariable'):
-            step()
-
-
 def test_init_cfg_loads_every_weight_of_a_released_checkpoint():
     cfg = Config.fromfile(DEMO_DET)  # same tiny arch as the fixtures
     cfg.model.backbone.init_cfg = dict(
         type='Pretrained', checkpoint=fixture_path('tiny_gqpe_official.pth'))
-    model = _models_registry(cfg).build(cfg.model)
+    model = models_registry(cfg).build(cfg.model)
     model.init_weights()
     released = read_checkpoint(
         fixture_path('tiny_gqpe_official.pth'))['state_dict_ema']
@@ -245,7 +196,7 @@ def test_another_backbones_pretrained_from_a_base_config_names_the_fix(
     path.write_text(SWAPPED_UPERNET.format(arch=arch, init_cfg=init_cfg))
     cfg = Config.fromfile(str(path))
     assert cfg.model.pretrained == 'open-mmlab://resnet50_v1c'  # the base's
-    models = _models_registry(cfg)
+    models = models_registry(cfg)
     # refused when the model is built, before anything is trained
     with pytest.raises(ValueError, match=r"PosMLP got pretrained='open-mmlab"
                                          r"://resnet50_v1c'.* set "
@@ -293,43 +244,7 @@ def test_package_log_records_reach_the_run_log(tmp_path):
 # ------------------------------------------------------------ real runs
 @pytest.fixture(scope='module')
 def data_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp('demo_data')
-    demo_data.make_detection_set(str(root / 'coco'), num_train=8, num_val=4,
-                                 seed=3)
-    demo_data.make_segmentation_set(str(root / 'ade'), num_train=8,
-                                    num_val=4, seed=3)
-    return root
-
-
-def _small_run_cfg(config, data_root, work_dir, length):
-    cfg = Config.fromfile(config)
-    cfg.work_dir = str(work_dir)
-    cfg.experiment_name = f'test_{uuid.uuid4().hex[:8]}'
-    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        loader = cfg[key]
-        loader.batch_size = 4
-        loader.num_workers = 0
-        loader.persistent_workers = False
-    if cfg.default_scope == 'mmdet':
-        root = str(data_root / 'coco') + '/'
-        for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-            cfg[key].dataset.data_root = root
-        cfg.val_evaluator.ann_file = root + 'annotations/instances_val.json'
-        cfg.test_evaluator = cfg.val_evaluator
-        cfg.train_cfg.max_epochs = length
-        cfg.train_cfg.val_interval = length
-        cfg.default_hooks.checkpoint.interval = 1
-        # a few iterations leave every score under the default 0.05; keep
-        # all detections so that COCO mAP is computed, not skipped
-        cfg.model.test_cfg.score_thr = 0.0
-    else:
-        for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-            cfg[key].dataset.data_root = str(data_root / 'ade')
-        cfg.train_cfg.max_iters = length
-        cfg.train_cfg.val_interval = length
-        cfg.default_hooks.checkpoint.interval = 2
-    cfg.default_hooks.logger.interval = 1
-    return cfg
+    return write_demo_data(tmp_path_factory.mktemp('demo_data'))
 
 
 def _val_metrics(runner, prefix):
@@ -365,7 +280,7 @@ def _run_tool(*args):
 
 
 def test_detector_trains_checkpoints_evaluates_resumes(data_root, tmp_path):
-    cfg = _small_run_cfg(DEMO_DET, data_root, tmp_path / 'det', length=2)
+    cfg = small_run_cfg(DEMO_DET, data_root, tmp_path / 'det', length=2)
     runner = Runner.from_cfg(cfg)
     runner.train()
     metrics = _val_metrics(runner, 'coco/bbox_')
@@ -398,7 +313,7 @@ def test_detector_trains_checkpoints_evaluates_resumes(data_root, tmp_path):
     assert 'with the runtime: MMPosMLP' in res.stdout
 
     # resume: a longer schedule continues from the last checkpoint
-    resumed_cfg = _small_run_cfg(DEMO_DET, data_root, tmp_path / 'det',
+    resumed_cfg = small_run_cfg(DEMO_DET, data_root, tmp_path / 'det',
                                  length=3)
     resumed_cfg.resume = True
     resumed = Runner.from_cfg(resumed_cfg)
@@ -412,7 +327,7 @@ def test_detector_trains_checkpoints_evaluates_resumes(data_root, tmp_path):
 
 
 def test_segmentor_trains_checkpoints_evaluates_resumes(data_root, tmp_path):
-    cfg = _small_run_cfg(DEMO_SEG, data_root, tmp_path / 'seg', length=4)
+    cfg = small_run_cfg(DEMO_SEG, data_root, tmp_path / 'seg', length=4)
     runner = Runner.from_cfg(cfg)
     runner.train()
     metrics = _val_metrics(runner, 'mIoU')
@@ -429,14 +344,14 @@ def test_segmentor_trains_checkpoints_evaluates_resumes(data_root, tmp_path):
     assert json.loads(out.read_text())['mIoU'] == pytest.approx(
         metrics['mIoU'], abs=1e-6)
 
-    resumed_cfg = _small_run_cfg(DEMO_SEG, data_root, tmp_path / 'seg',
+    resumed_cfg = small_run_cfg(DEMO_SEG, data_root, tmp_path / 'seg',
                                  length=6)
     resumed_cfg.resume = True
     resumed = Runner.from_cfg(resumed_cfg)
     resumed.train()
     assert resumed.iter == 6
     # load_from (weights only, no optimizer state) works as well
-    fresh_cfg = _small_run_cfg(DEMO_SEG, data_root, tmp_path / 'seg2',
+    fresh_cfg = small_run_cfg(DEMO_SEG, data_root, tmp_path / 'seg2',
                                length=1)
     fresh_cfg.load_from = str(tmp_path / 'seg' / 'iter_6.pth')
     fresh = Runner.from_cfg(fresh_cfg)
@@ -451,7 +366,7 @@ def _free_port():
 
 
 def test_two_process_ddp_run_on_cpu(data_root, tmp_path):
-    cfg = _small_run_cfg(DEMO_DET, data_root, tmp_path / 'ddp', length=1)
+    cfg = small_run_cfg(DEMO_DET, data_root, tmp_path / 'ddp', length=1)
     cfg.train_dataloader.batch_size = 2
     cfg_path = tmp_path / 'ddp_cfg.py'
     cfg.dump(str(cfg_path))
@@ -464,121 +379,3 @@ def test_two_process_ddp_run_on_cpu(data_root, tmp_path):
     assert 'world_size: 2' in log or 'Distributed launcher: pytorch' in log
     assert 'Epoch(train) [1][2/2]' in log  # 8 images / (2 procs x 2)
     assert osp.isfile(tmp_path / 'ddp' / 'epoch_1.pth')
-
-
-def test_demo_detector_features_compile_in_one_graph_for_six_sizes():
-    """The demo RetinaNet's backbone and FPN (``extract_feat``) under
-    ``torch.compile(dynamic=True, fullgraph=True)`` in train mode: no graph
-    break, one graph for seven input sizes, eager's features and gradients.
-    (mmengine's ``compile=True`` compiles the whole ``train_step``, whose
-    mmdet head and loss code breaks graphs on its own; the backbone is
-    traced as part of it as here.) The sizes keep every convolution on one
-    side of torch's CPU shape-function threshold (C * H * W > 20480), which
-    would otherwise compile a second graph outside the backbone."""
-    cfg = Config.fromfile(DEMO_DET)
-    model = _models_registry(cfg).build(cfg.model).train()
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    compiled = torch.compile(model.extract_feat, dynamic=True,
-                             fullgraph=True, backend='aot_eager')
-    sizes = ((192, 256), (224, 256), (208, 288), (240, 240), (200, 320),
-             (232, 272), (256, 288))
-    params = [p for p in model.backbone.parameters() if p.requires_grad]
-    for h, w in sizes:
-        x = torch.randn(2, 3, h, w)
-        results = []
-        for fn in (compiled, model.extract_feat):
-            feats = fn(x)
-            grads = torch.autograd.grad(sum((f * f).mean() for f in feats),
-                                        params)
-            results.append(([f.detach() for f in feats], grads))
-        (feats, grads), (ref_feats, ref_grads) = results
-        for a, b in zip(feats, ref_feats):
-            assert (a - b).abs().max() <= 1e-4 * b.abs().max(), (h, w)
-        for a, b in zip(grads, ref_grads):
-            assert (a - b).abs().max() <= 1e-4 * b.abs().max().clamp_min(
-                1e-12), (h, w)
-    graphs = torch._dynamo.utils.counters['stats']['unique_graphs']
-    assert graphs == 1, f'{graphs} graphs for {len(sizes)} sizes'
-
-
-def _hooked_run_cfg(data_root, work_dir, custom_hooks, compile_cfg=None):
-    """The demo detector for one epoch of eight iterations of one image at
-    a random one of four scales, without validation."""
-    cfg = _small_run_cfg(DEMO_DET, data_root, work_dir, length=1)
-    cfg.train_dataloader.batch_size = 1
-    pipeline = cfg.train_dataloader.dataset.pipeline
-    resize = next(i for i, t in enumerate(pipeline) if t.type == 'Resize')
-    pipeline[resize] = dict(type='RandomChoiceResize', keep_ratio=True,
-                            scales=[(192, 128), (256, 192), (320, 224),
-                                    (384, 288)])
-    for key in ('val_dataloader', 'val_cfg', 'val_evaluator'):
-        cfg[key] = None
-    cfg.default_hooks.checkpoint.interval = 10 ** 6
-    cfg.custom_hooks = custom_hooks
-    cfg.compile = compile_cfg
-    return cfg
-
-
-def test_compile_backbone_hook_compiles_the_backbone_once(data_root,
-                                                          tmp_path):
-    """``CompileBackboneHook`` in a real training run: the backbone alone
-    is compiled, once for every input size of the run (dynamic=True), in
-    place (the checkpoint keeps eager's keys), and the run's losses are
-    eager's. With the config's own ``compile`` also set, it refuses."""
-    from mmengine.hooks import Hook
-
-    import posmlp_dense.openmmlab.runtime  # noqa: F401  (registers)
-    frames = []
-
-    def backend(gm, example_inputs):
-        trace = torch._guards.CompileContext.current_trace_id()
-        modules = {path.split('.')[0] for node in gm.graph.nodes
-                   for path, _ in node.meta.get('nn_module_stack',
-                                                {}).values()}
-        frames.append((str(trace.compile_id), sorted(modules)))
-        return torch._dynamo.lookup_backend('aot_eager')(gm, example_inputs)
-
-    name = f'counting_{uuid.uuid4().hex[:8]}'  # by name: configs are text
-    torch._dynamo.register_backend(backend, name=name)
-
-    class Record(Hook):
-        def __init__(self):
-            self.losses, self.sizes = [], set()
-
-        def after_train_iter(self, runner, batch_idx, data_batch=None,
-                             outputs=None):
-            self.losses.append({k: float(v) for k, v in outputs.items()})
-            # as the backbone sees them: padded to a multiple of 32
-            self.sizes.add(tuple(
-                -(-max(t.shape[i] for t in data_batch['inputs']) // 32) * 32
-                for i in (1, 2)))
-
-    runs = {}
-    for kind, hooks in (('eager', []), ('hooked', [dict(
-            type='CompileBackboneHook', backend=name, dynamic=True)])):
-        torch._dynamo.reset()
-        runner = Runner.from_cfg(_hooked_run_cfg(data_root, tmp_path / kind,
-                                                 hooks))
-        record = Record()
-        runner.register_hook(record)
-        runner.train()
-        runs[kind] = record, runner.model.state_dict()
-    (eager, eager_state), (hooked, hooked_state) = (runs['eager'],
-                                                    runs['hooked'])
-    assert len(hooked.sizes) >= 3, hooked.sizes  # sizes the graph must fit
-    # one frame, the backbone's, compiled once (dynamo may hand its graph
-    # over again after a restart that specializes float attributes)
-    assert {frame for frame, _ in frames} == {'0/0'}, frames
-    assert all(modules == ["L['self']"] or not modules
-               for _, modules in frames), frames
-    assert list(hooked_state) == list(eager_state)
-    assert hooked.sizes == eager.sizes
-    for ours, ref in zip(hooked.losses, eager.losses):
-        for key in ref:
-            assert abs(ours[key] - ref[key]) <= 1e-4 * abs(ref[key]), key
-
-    cfg = _hooked_run_cfg(data_root, tmp_path / 'both', [dict(
-        type='CompileBackboneHook')], compile_cfg=dict(backend='eager'))
-    with pytest.raises(ValueError, match='both compile the backbone'):
-        Runner.from_cfg(cfg).train()
