@@ -67,6 +67,7 @@ class PoSGU(GateUnit):
     def forward(self, u: torch.Tensor, v: torch.Tensor, grid: WindowGrid
                 ) -> torch.Tensor:
         with torch.autocast(u.device.type, enabled=False):
+            # (a grid gathers exactly when a graph is being captured)
             weights, bias = self.pos(grid.gathers)
             if not self.pos_only:
                 weights = weights + self.token_proj_n_weight
