@@ -141,8 +141,12 @@ class LeanBlock(torch.autograd.Function):
             if s.drop_scale is not None:
                 d_out = d_out * s.drop_scale.to(dtype).unsqueeze(1)
             d_out = d_out.view(-1, C)
-            u, v = F.gelu(s.hidden, approximate=ctx.approximate).view(
-                2, K, B, H, W).unbind(0)
+            # (indexed, not unbind: torch.compile merges this GELU with
+            # the forward's, and an unbind in the backward would make its
+            # partitioner save the activations instead of recomputing them)
+            act = F.gelu(s.hidden, approximate=ctx.approximate).view(
+                2, K, B, H, W)
+            u, v = act[0], act[1]
             # as (K / groups, groups, B, H, W), channel k = c * groups + g
             # at [c, g]: v as it is, m' (grouped) as a view; 5-D, as the
             # forward lays them out (token_mixing.gate_output says why)

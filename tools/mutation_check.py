@@ -139,6 +139,12 @@ MUTATIONS: List[Mutation] = [
         '                    [block_grids[j] for j in fused])):\n',
         (NUMERICS, '-k', 'tells_gqpe'), forward=True),
     Mutation(
+        'the lean backward takes the activations apart with unbind',
+        'posmlp_dense/block_function.py',
+        '            u, v = act[0], act[1]\n',
+        '            u, v = act.unbind(0)\n',
+        ('tests/test_compiled_saved_activations.py',)),
+    Mutation(
         'isotropic GQPE score with the sign of the d2 term flipped',
         'posmlp_dense/gates/gqpe.py',
         '        linear = (spreads * spreads).unsqueeze(-1) * centers\n',
