@@ -138,8 +138,16 @@ class LeanBlock(torch.autograd.Function):
         groups = s.weights.shape[0]
         with torch.autocast(dy.device.type, enabled=False):
             d_out = dy.reshape(B, -1).to(dtype)
+            # stochastic depth's scale: eager PyTorch scales d_out (one
+            # multiply); a captured graph scales what d_out meets (g, d_g
+            # and d_out's sum), which a compiler computes in the kernels
+            # that read them instead of writing a scaled copy of dy
+            sample_scale = None
             if s.drop_scale is not None:
-                d_out = d_out * s.drop_scale.to(dtype).unsqueeze(1)
+                if grid.gathers:
+                    sample_scale = s.drop_scale.to(dtype).view(1, 1, B, 1, 1)
+                else:
+                    d_out = d_out * s.drop_scale.to(dtype).unsqueeze(1)
             d_out = d_out.view(-1, C)
             # (indexed, not unbind: torch.compile merges this GELU with
             # the forward's, and an unbind in the backward would make its
@@ -161,10 +169,17 @@ class LeanBlock(torch.autograd.Function):
             else:
                 scale = s.scale.view(1, groups, 1, H, W)
                 m = torch.addcmul(bias.to(scale.dtype), mixed, scale)
-            g = (v * m).to(dtype).view(K, -1)
-            d_shrink_w = d_out.t().mm(g.t()) if needs.shrink_weight else None
-            d_shrink_b = d_out.sum(0) if needs.shrink_bias else None
+            g = (v * m).to(dtype)
             d_g = s.shrink_weight.to(dtype).t().mm(d_out.t()).view_as(v)
+            if sample_scale is not None:
+                g, d_g = g * sample_scale, d_g * sample_scale
+            g = g.view(K, -1)
+            d_shrink_w = d_out.t().mm(g.t()) if needs.shrink_weight else None
+            d_shrink_b = None
+            if needs.shrink_bias:
+                d_shrink_b = d_out.sum(0) if sample_scale is None else \
+                    (d_out.view(B, -1, C) * sample_scale.view(B, 1, 1)).sum(
+                        (0, 1))
             # d(u, v) for GELU's backward, as one (2, K, T) tensor in eager
             # PyTorch, whose halves are written in place
             d_act = _activation_gradient_buffer(grid, v, dtype)
@@ -189,9 +204,8 @@ class LeanBlock(torch.autograd.Function):
             d_u_w = torch.bmm(d_m_w, weights)
             if ctx.releases_layouts:
                 grid.release_layouts()
-            d_act = _activation_gradient(grid, d_u_w, d_v, d_act, dtype)
-            d_hidden = torch.ops.aten.gelu_backward(
-                d_act, s.hidden, approximate=ctx.approximate)
+            d_hidden = _hidden_gradient(grid, d_u_w, d_v, d_act, s.hidden,
+                                        ctx.approximate, dtype)
             d_expand_b = d_hidden.sum(1) if needs.expand_bias else None
             ln_input = s.x.reshape(-1, C).to(ctx.norm_dtype)
             normed, mean, rstd = torch.native_layer_norm(
@@ -226,26 +240,38 @@ def _activation_gradient_buffer(grid: WindowGrid, v: torch.Tensor,
     return v.new_empty((2, *v.shape), dtype=dtype)
 
 
-def _activation_gradient(grid: WindowGrid, d_u_w: torch.Tensor,
-                         d_v: torch.Tensor, d_act: Optional[torch.Tensor],
-                         dtype: torch.dtype) -> torch.Tensor:
-    """d(u, v) as one (2K, T) tensor of ``dtype`` for GELU's backward,
-    channels in order, from d(u) in the window layout (groups, K/groups *
-    B * windows, N) and d(v) (K/groups, groups, B, H, W): ``d_act`` from
-    ``_activation_gradient_buffer``, whose second half holds d(v) already,
-    gets d(u) gathered straight from the window layout; without it, cat."""
+def _hidden_gradient(grid: WindowGrid, d_u_w: torch.Tensor,
+                     d_v: torch.Tensor, d_act: Optional[torch.Tensor],
+                     hidden: torch.Tensor, approximate: str,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """d(h), (2K, T) of ``dtype``: GELU's backward of d(u, v), from d(u) in
+    the window layout (groups, K/groups * B * windows, N) and d(v)
+    (K/groups, groups, B, H, W), channels in order. In eager PyTorch
+    ``d_act`` (``_activation_gradient_buffer``) holds d(v) in its second
+    half already, d(u) is gathered into its first straight from the
+    window layout, and one GELU backward runs on the whole. In a captured
+    graph each half's GELU backward comes first and cat joins the
+    results: a compiler then computes each half in the kernel that
+    gathers or multiplies it and writes it into its slice, with no d(u, v)
+    written and read again."""
     V, groups, B, H, W = d_v.shape
     if d_act is None:
         d_u = grid.to_map(d_u_w).view(groups, V, B, H, W).transpose(0, 1)
-        return torch.cat([d_u.to(dtype), d_v.to(dtype)]).view(
-            2 * V * groups, -1)
+        h = hidden.view(2, V, groups, B, H, W)
+        return torch.cat([
+            torch.ops.aten.gelu_backward(d_u.to(dtype), h[0],
+                                         approximate=approximate),
+            torch.ops.aten.gelu_backward(d_v.to(dtype), h[1],
+                                         approximate=approximate)
+        ]).view(2 * V * groups, -1)
     into = d_act[0].transpose(0, 1).flatten(3)      # (groups, V, B, H * W)
     rows = d_u_w.view(groups, V, B, -1)
     if rows.dtype == dtype:
         torch.index_select(rows, 3, grid.map_index(rows.device), out=into)
     else:
         into.copy_(rows.index_select(3, grid.map_index(rows.device)))
-    return d_act.view(2 * V * groups, -1)
+    return torch.ops.aten.gelu_backward(
+        d_act.view(2 * V * groups, -1), hidden, approximate=approximate)
 
 
 def _like(grad: Optional[torch.Tensor], ref: Optional[torch.Tensor]):

@@ -139,6 +139,18 @@ MUTATIONS: List[Mutation] = [
         '                    [block_grids[j] for j in fused])):\n',
         (NUMERICS, '-k', 'tells_gqpe'), forward=True),
     Mutation(
+        'a captured graph\'s lean backward leaves g without the drop scale',
+        'posmlp_dense/block_function.py',
+        '                g, d_g = g * sample_scale, d_g * sample_scale\n',
+        '                g, d_g = g, d_g * sample_scale\n',
+        (LEAN, '-k', 'captured_graph')),
+    Mutation(
+        'a captured graph\'s lean backward takes d(v) through u\'s GELU',
+        'posmlp_dense/block_function.py',
+        '            torch.ops.aten.gelu_backward(d_v.to(dtype), h[1],\n',
+        '            torch.ops.aten.gelu_backward(d_v.to(dtype), h[0],\n',
+        (LEAN, '-k', 'captured_graph')),
+    Mutation(
         'the lean backward takes the activations apart with unbind',
         'posmlp_dense/block_function.py',
         '            u, v = act[0], act[1]\n',
