@@ -89,7 +89,7 @@ class PosMLPLevel(nn.Module):
         if fused:
             for j, mixing in zip(fused, level_mixings(
                     [self.encoder[j].gate_unit for j in fused],
-                    [block_grids[j] for j in fused], mode.graph)):
+                    [block_grids[j] for j in fused], mode)):
                 mixings[j] = mixing
         for block, grid, mixing in zip(self.encoder, block_grids, mixings):
             if self.with_cp and mode.autograd and x.requires_grad:

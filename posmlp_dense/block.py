@@ -65,7 +65,7 @@ class PosMLPBlock(nn.Module):
             # need no module calls, so that check is made once)
             if self.needs_module_calls():
                 return self.forward_through_modules(x, grid, drop_scale)
-            mixing = level_mixings([self.gate_unit], [grid], mode.graph)[0]
+            mixing = level_mixings([self.gate_unit], [grid], mode)[0]
         if mode.autograd and self.gate_unit.lean_backward:
             return lean_block(x, self.weights(), mixing, grid, drop_scale)
         return block_pass(x, self.weights(), mixing, grid, drop_scale,

@@ -29,6 +29,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from .forward_mode import ForwardMode
 from .windows import WindowGrid
 
 
@@ -80,47 +81,68 @@ def key_scale(weights: torch.Tensor, key_mask: torch.Tensor,
 
 
 def level_mixings(gates: Sequence, grids: Sequence[WindowGrid],
-                  captured: bool = False) -> List[Mixing]:
+                  mode: ForwardMode) -> List[Mixing]:
     """The mixing operands of a level's blocks: gate ``gates[j]`` on grid
     ``grids[j % len(grids)]`` (one grid per gate, or one per block parity),
-    their weights computed in one stacked call; ``captured`` for a graph
-    being captured (forward_mode.py). In float32 whatever autocast says
-    (softmax scores need its range)."""
+    for a forward in ``mode`` (forward_mode.py). In float32 whatever
+    autocast says (softmax scores need its range).
+
+    The gates' weights are computed in one stacked call, which takes the
+    fewest operations, except in a captured graph that records no
+    backward: there each gate computes its own, which a compiler fuses into
+    two kernels per block, where stacking the parameters costs a copy of
+    each, per block (inductor lowers a concatenation of many tensors, or
+    of any on a CPU, as one copy per input). In training the stack stays:
+    each block's own weights would each add their backward's reductions.
+    (The biases: ``mixings_on_grids``.)"""
     device = next(gates[0].parameters()).device
     with torch.autocast(device.type, enabled=False):
         kind = type(gates[0])
-        if all(type(g) is kind for g in gates):
-            weights, bias = kind.stacked_weights(gates, captured)
-        else:  # mixed gate types: each computes its own
-            parts = [type(g).stacked_weights([g], captured) for g in gates]
+        each_own = mode.graph and not mode.autograd
+        if all(type(g) is kind for g in gates) and not each_own:
+            weights, bias = kind.stacked_weights(gates, mode.graph)
+        else:  # (mixed gate types compute their own too)
+            parts = [type(g).stacked_weights([g], mode.graph) for g in gates]
             weights = torch.cat([w for w, _ in parts])
-            bias = torch.cat([b for _, b in parts])
+            bias = [b[0] for _, b in parts]  # (one gate's, in either form)
         return mixings_on_grids(
             weights, bias, [g.normalizes_over_keys for g in gates],
             [grids[j % len(grids)] for j in range(len(gates))])
 
 
-def mixings_on_grids(weights: torch.Tensor, bias: torch.Tensor,
+def mixings_on_grids(weights: torch.Tensor, bias,
                      normalized: Sequence[bool],
                      grids: Sequence[WindowGrid]) -> List[Mixing]:
     """Block j's mixing operands on grid ``grids[j]``, from its weights
     ``weights[j]`` (groups, N, N) and per-query bias ``bias[j]`` (N,) over
     a whole window: the bias laid out on the map, and where
     ``normalized[j]`` (rows a softmax over the window's keys) the key
-    scale of partial windows."""
+    scale of partial windows.
+
+    ``bias`` is stacked (D, N), laid out for all blocks at once (eager: one
+    operation), or the list of the blocks' own (N,), each laid out by
+    itself (a captured graph): a compiler fuses that gather into the
+    kernel that adds the bias, and its backward is a scatter per block,
+    where a stack costs a copy per block, and its backward (a stack of the
+    blocks' gradients) another."""
     # (blocks are taken apart with unbind, and regrouped with stack:
     # their backwards gather the blocks' gradients once, where indexing
     # would add each block's gradient into a zero tensor of the stack)
     blocks = weights.unbind(0)
+    device = weights.device
     biases: List[torch.Tensor] = [None] * len(grids)
     scales: List[Optional[torch.Tensor]] = [None] * len(grids)
     for grid in {id(g): g for g in grids}.values():
         chosen = [j for j, g in enumerate(grids) if g is grid]
-        on_map = grid.map_index(bias.device)
-        rows = bias.index_select(
-            1, grid.in_window_index_on_map(bias.device)).unbind(0)
-        for j in chosen:
-            biases[j] = rows[j]
+        on_map = grid.map_index(device)
+        index = grid.in_window_index_on_map(device)
+        if isinstance(bias, torch.Tensor):
+            rows = bias.index_select(1, index).unbind(0)
+            for j in chosen:
+                biases[j] = rows[j]
+        else:
+            for j in chosen:
+                biases[j] = bias[j].index_select(0, index)
         normalized_here = [j for j in chosen if normalized[j]]
         if not normalized_here:
             continue

@@ -8,45 +8,17 @@ whether the backward gets the activations saved or recomputes them. The
 activations are as large as h itself, so saving them would add 2K values
 per token and block to what the step keeps, and a kernel that writes them.
 
-Checked on the graphs inductor's own partitioner produces (its
-decompositions and joint-graph passes), stopped before its code
-generation: seconds instead of minutes.
+Checked on the graphs inductor's own partitioner produces
+(inductor_graphs.py).
 """
 from __future__ import annotations
 
 import torch
-from functorch.compile import make_boxed_func
 
 from posmlp_dense import PosMLP
 
 from conftest import TINY_ARCH, randomize_
-
-
-def _forward_graphs_as_inductor_partitions(model, x):
-    """The forward graphs of ``model``'s training step as inductor
-    partitions them (not compiled further: they run as FX graphs)."""
-    from torch._inductor.compile_fx import compile_fx
-
-    graphs = []
-
-    def keep_graph(gm, example_inputs, **kwargs):
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    def backend(gm, example_inputs):
-        return compile_fx(gm, example_inputs, inner_compile=keep_graph)
-
-    torch._dynamo.reset()
-    try:
-        compiled = torch.compile(model, backend=backend, dynamic=False,
-                                 fullgraph=True)
-        outs = compiled(x)
-        sum(o.sum() for o in outs).backward()
-    finally:
-        torch._dynamo.reset()
-    # inductor compiles the forward of a training graph first, then its
-    # backward
-    return graphs[0::2], outs
+from inductor_graphs import inductor_forward_graphs
 
 
 def _saved_shapes(forward_graph):
@@ -67,7 +39,7 @@ def test_compiled_training_recomputes_the_blocks_activations():
     model = randomize_(PosMLP(TINY_ARCH, gate='gqpe', drop_path_rate=0.2))
     model.train()
     x = torch.randn(3, 3, 224, 224)
-    graphs, outs = _forward_graphs_as_inductor_partitions(model, x)
+    graphs, outs = inductor_forward_graphs(model, x, train=True)
     assert graphs
     activations = set()
     for level, out in zip(model.levels, outs):

@@ -19,6 +19,7 @@ from benchmarks.gpu_proxy import (H200, PRECISIONS, NeedsData, OpCounter,
 from benchmarks.tables import gpu_proxy_section
 from benchmarks.targets import gpu_proxy_targets, verdict
 from posmlp_dense import PosMLP
+from posmlp_dense.forward_mode import ForwardMode
 from posmlp_dense.token_mixing import level_mixings
 
 from conftest import TINY_ARCH, load_tool
@@ -478,7 +479,7 @@ def test_a_levels_weight_gradients_cost_bytes_linear_in_depth(gate):
 
         def step():
             mixings = level_mixings([b.gate_unit for b in level.encoder],
-                                    grids)
+                                    grids, ForwardMode(True, False))
             loss = sum(m.weights.sum() + m.bias.sum() for m in mixings)
             loss.backward()
         return count_call(lambda _: step(), None)['bytes_written']

@@ -58,6 +58,7 @@ GRADIENTS = 'tests/test_gradients.py'
 NUMERICS = 'tests/test_gate_numerics.py'
 EXPORT_EAGER = 'tests/test_export.py::test_eager_modes_agree_with_the_graph_mode'
 LEAN = 'tests/test_lean_backward.py'
+COMPILED_GATES = 'tests/test_compiled_gate_parameters.py'
 ANY = 'tests/test_any_size.py'
 
 MUTATIONS: List[Mutation] = [
@@ -128,16 +129,37 @@ MUTATIONS: List[Mutation] = [
         "level_mixings: the shifted blocks' per-query bias and key scale "
         "laid out on the unshifted blocks' grid",
         'posmlp_dense/token_mixing.py',
-        '        on_map = grid.map_index(bias.device)\n',
-        '        on_map = grids[0].map_index(bias.device)\n',
+        '        on_map = grid.map_index(device)\n',
+        '        on_map = grids[0].map_index(device)\n',
         (ANY, '-k', 'shifted'), forward=True),
     Mutation(
         "a level's mixing weights computed for eager in a captured graph "
         "(the capture flag not handed down)",
         'posmlp_dense/backbone.py',
-        '                    [block_grids[j] for j in fused], mode.graph)):\n',
-        '                    [block_grids[j] for j in fused])):\n',
+        '                    [block_grids[j] for j in fused], mode)):\n',
+        '                    [block_grids[j] for j in fused],\n'
+        '                    ForwardMode(mode.autograd, graph=False))):\n',
         (NUMERICS, '-k', 'tells_gqpe'), forward=True),
+    Mutation(
+        "a captured inference graph stacks the gates' parameters",
+        'posmlp_dense/token_mixing.py',
+        '        each_own = mode.graph and not mode.autograd\n',
+        '        each_own = False\n',
+        (COMPILED_GATES, '-k', 'inference')),
+    Mutation(
+        'a captured graph stacks the per-query biases',
+        'posmlp_dense/gates/position_bias.py',
+        '        return biases if captured else torch.stack(biases)\n',
+        '        return torch.stack(biases)\n',
+        (COMPILED_GATES,)),
+    Mutation(
+        "a captured graph's GQPE spread form A^T A instead of A A^T",
+        'posmlp_dense/gates/gqpe.py',
+        '            form = (spreads.unsqueeze(-2) * spreads.unsqueeze(-3))'
+        '.sum(-1)\n',
+        '            form = (spreads.unsqueeze(-1) * spreads.unsqueeze(-2))'
+        '.sum(-3)\n',
+        (NUMERICS, '-k', 'captured_graph_equal')),
     Mutation(
         'a captured graph\'s lean backward leaves g without the drop scale',
         'posmlp_dense/block_function.py',

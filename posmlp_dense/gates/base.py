@@ -5,7 +5,7 @@ A gate turns the block's activated hidden channels (u, v halves) into
 that depend on the gate's parameters and the window alone. A gate provides:
 
 * ``stacked_weights(gates)``: the weights (D, groups, N, N) and per-query
-  bias (D, N) of D gates of its class at once (a level computes all its
+  biases of D gates of its class at once (a level computes all its
   blocks' weights in one call; token_mixing.level_mixings). This is the
   one place each gate's formula lives.
 * two declared flags, read by the forward instead of type checks:
@@ -49,7 +49,9 @@ class GateUnit(nn.Module):
                         captured: bool = False
                         ) -> Tuple[torch.Tensor, torch.Tensor]:
         """(weights (D, groups, N, N), bias (D, N)) of ``gates``, D of this
-        class; ``captured`` for a graph being captured (forward_mode.py)."""
+        class; ``captured`` for a graph being captured (forward_mode.py),
+        where the bias is the list of each gate's own (N,)
+        (token_mixing.mixings_on_grids says why)."""
         raise NotImplementedError
 
     def prepare_input(self, u: torch.Tensor) -> torch.Tensor:

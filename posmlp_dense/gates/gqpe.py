@@ -41,43 +41,70 @@ NEGLIGIBLE_WEIGHT = 2.0 ** -40
 NEGLIGIBLE_SCORE = math.log(NEGLIGIBLE_WEIGHT)
 
 
-def score_coefficients(centers: torch.Tensor, spreads: torch.Tensor,
-                       generalized: bool = True, symmetric: bool = True
-                       ) -> torch.Tensor:
-    """(..., groups, 6): the score as a dot product with the offsets'
-    features (relative_position.gqpe_offset_features): the linear
-    coefficients S delta, then the quadratic form S, flattened.
+def score_terms(centers: torch.Tensor, spreads: torch.Tensor,
+                generalized: bool = True, symmetric: bool = True,
+                captured: bool = False
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The score's coefficients against the offsets' features
+    (relative_position.gqpe_offset_features), in two terms: the linear
+    coefficients S delta (..., groups, 2), and the quadratic form S
+    flattened (..., groups, 4).
 
     ``centers`` (..., groups, 2); ``spreads`` (..., groups, 2, 2), or
-    (..., groups) for the isotropic form."""
-    if generalized:
-        form = spreads @ spreads.transpose(-1, -2) if symmetric else spreads
-        linear = (form @ centers.unsqueeze(-1)).squeeze(-1)
-    else:
+    (..., groups) for the isotropic form. ``captured``: for a graph being
+    captured (forward_mode.py), where the 2 x 2 products are written out,
+    so that a compiler computes them inside the kernel that uses them (a
+    matmul is a library call of its own); eager multiplies matrices,
+    fewer operations."""
+    if not generalized:
         linear = (spreads * spreads).unsqueeze(-1) * centers
         form = torch.eye(2, dtype=centers.dtype, device=centers.device)
         form = form.expand(*centers.shape[:-1], 2, 2)
-    return torch.cat([linear, form.flatten(-2)], dim=-1)
+    elif captured:
+        form = spreads
+        if symmetric:
+            form = (spreads.unsqueeze(-2) * spreads.unsqueeze(-3)).sum(-1)
+        linear = (form * centers.unsqueeze(-2)).sum(-1)
+    else:
+        form = spreads @ spreads.transpose(-1, -2) if symmetric else spreads
+        linear = (form @ centers.unsqueeze(-1)).squeeze(-1)
+    return linear, form.flatten(-2)
 
 
-def softmax_weights(coefficients: torch.Tensor, features: torch.Tensor,
-                    index: torch.Tensor, window: Tuple[int, int],
-                    captured: bool = False) -> torch.Tensor:
+def score_coefficients(centers: torch.Tensor, spreads: torch.Tensor,
+                       generalized: bool = True, symmetric: bool = True
+                       ) -> torch.Tensor:
+    """(..., groups, 6): ``score_terms`` as one vector, so that the score
+    is its dot product with the offset's features."""
+    return torch.cat(score_terms(centers, spreads, generalized, symmetric),
+                     dim=-1)
+
+
+def softmax_weights(terms: Tuple[torch.Tensor, torch.Tensor],
+                    features: torch.Tensor, index: torch.Tensor,
+                    window: Tuple[int, int], captured: bool = False
+                    ) -> torch.Tensor:
     """(..., groups, N, N) softmax weights over a whole window's keys, keys
-    of negligible weight dropped (NEGLIGIBLE_WEIGHT). ``features``: the
-    offsets' (relative_position.gqpe_offset_features); ``index`` (N * N,):
-    each query/key pair's offset (relative_position.lrpe_relative_index).
+    of negligible weight dropped (NEGLIGIBLE_WEIGHT). ``terms``:
+    ``score_terms``'; ``features``: the offsets'
+    (relative_position.gqpe_offset_features); ``index`` (N * N,): each
+    query/key pair's offset (relative_position.lrpe_relative_index).
     ``captured``: for a graph being captured (forward_mode.py)."""
     n = window[0] * window[1]
     if captured:
-        # the same scores, bit for bit, per pair by one matmul: a compiler
-        # would fuse a gather before the softmax into each of its passes
-        # (three gathers of every weight, on a CPU)
+        # per query/key pair, term by term: a compiler computes the scores
+        # in one kernel with their coefficients, which a matmul (a library
+        # call) and the coefficients' concatenation (a copy) would not let
+        # it; per pair, since a gather before the softmax would be fused
+        # into each of its passes (three gathers of every weight, on a CPU)
+        linear, quadratic = terms
+        pairs = features.index_select(0, index)
+        scores = ((linear.unsqueeze(-2) * pairs[:, :2]).sum(-1)
+                  + (quadratic.unsqueeze(-2) * pairs[:, 2:]).sum(-1))
+        scores = _drop_negligible(scores)
+    else:  # per offset by one matmul, then gathered: fewer operations
         scores = _drop_negligible(
-            coefficients @ features.index_select(0, index).t())
-    else:  # per offset, then gathered: fewer operations
-        scores = _drop_negligible(coefficients @ features.t()).index_select(
-            -1, index)
+            torch.cat(terms, dim=-1) @ features.t()).index_select(-1, index)
     return scores.unflatten(-1, (n, n)).softmax(-1)
 
 
@@ -131,9 +158,9 @@ class GQPE(PositionBias):
         first = modules[0]
         centers = torch.stack([m.attention_centers for m in modules])
         spreads = torch.stack([m.attention_spreads for m in modules])
-        coefficients = score_coefficients(centers, spreads, first.generalized,
-                                          first.symmetric)
-        return softmax_weights(coefficients, first.offset_features,
+        terms = score_terms(centers, spreads, first.generalized,
+                            first.symmetric, captured)
+        return softmax_weights(terms, first.offset_features,
                                first.offset_index, first.window, captured)
 
     def extra_repr(self) -> str:

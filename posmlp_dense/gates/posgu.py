@@ -62,7 +62,7 @@ class PoSGU(GateUnit):
         if not gates[0].pos_only:
             weights = weights + torch.stack(
                 [g.token_proj_n_weight for g in gates])
-        return weights, type(encodings[0]).stacked_bias(encodings)
+        return weights, type(encodings[0]).stacked_bias(encodings, captured)
 
     def forward(self, u: torch.Tensor, v: torch.Tensor, grid: WindowGrid
                 ) -> torch.Tensor:

@@ -67,9 +67,11 @@ class PositionBias(nn.Module):
                 self.token_proj_n_bias.view(-1))
 
     @staticmethod
-    def stacked_bias(modules) -> torch.Tensor:
-        """(D, N): the per-query biases of D encodings."""
-        return torch.stack([m.token_proj_n_bias.view(-1) for m in modules])
+    def stacked_bias(modules, captured: bool = False):
+        """(D, N): the per-query biases of D encodings; in a captured graph
+        the list of their own (N,) (token_mixing.mixings_on_grids)."""
+        biases = [m.token_proj_n_bias.view(-1) for m in modules]
+        return biases if captured else torch.stack(biases)
 
     def checkpoint_window(self, state: Dict[str, torch.Tensor], prefix: str
                           ) -> Tuple[int, int]:

@@ -43,8 +43,9 @@ class SGU(GateUnit):
     @classmethod
     def stacked_weights(cls, gates: Sequence['SGU'], captured: bool = False):
         projs = [g.proj_list[0] for g in gates]
+        biases = [p.bias for p in projs]
         return (torch.stack([p.weight for p in projs]).unsqueeze(1),
-                torch.stack([p.bias for p in projs]))
+                biases if captured else torch.stack(biases))
 
     def prepare_input(self, u: torch.Tensor) -> torch.Tensor:
         """LayerNorm over the channels of channel-major u (K, B, H, W)."""
