@@ -131,6 +131,24 @@ def test_time_part_writes_rows_and_its_section(bench, tmp_path):
     assert '| training 1x3x56x56 |' in text
 
 
+def test_time_part_times_compiled_models_beside_eager(bench, tmp_path):
+    """--compile adds each model under torch.compile (here its eager
+    backend, for speed), timed interleaved with eager, after the warmup
+    that compiles it."""
+    report = bench.main([
+        'time', '--device', 'cpu', '--posmlp-arch', json.dumps(TINY_ARCH),
+        '--models', 'posmlp_t', '--steps', 'inference:1x56x56',
+        '--repeats', '2', '--compile', 'eager',
+        '--out', str(tmp_path / 'time.json')])
+    rows = report['results']
+    assert [(r['model'], r['label']) for r in rows] == [
+        ('posmlp_t', 'PosMLP-T'),
+        ('posmlp_t_compiled', 'PosMLP-T, compiled (eager)')]
+    assert all(len(r['times']) == 2 and len(r['warmup_times']) == 1
+               for r in rows)
+    assert rows[0]['params'] == rows[1]['params']
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != 'glibc',
                     reason='glibc tunables only')
 def test_keep_freed_memory_runs_again_in_a_child(bench, tmp_path):
@@ -175,6 +193,7 @@ def test_keeping_freed_memory_adds_to_other_tunables(monkeypatch):
 @pytest.mark.parametrize('argv, message', [
     (['time', '--steps', 'fwd:1x64x64'], 'expected MODE:BxHxW'),
     (['time', '--steps', 'train:64x64'], 'expected 3 positive sizes'),
+    (['time', '--compile', '--warmup', '0'], 'first call of a compiled'),
     (['gpu-proxy', '--models', 'vit'], 'unknown model vit'),
     (['compile', '--cases', '2:false'], 'write BATCH:true or BATCH:none'),
     (['versions', '--base', 'HEAD', '--shape', '1x3x0x77'],

@@ -32,7 +32,7 @@ from benchmarks.doc_sections import update_file, update_sections
 from benchmarks.environment import (
     SOURCE_ROOT, environment, environment_keeping_freed_memory,
     keeps_freed_memory)
-from benchmarks.models import ALL_MODELS, build_models
+from benchmarks.models import ALL_MODELS, LABELS, build_models
 from benchmarks.steps import STEP_MODES
 from benchmarks.tables import sections, timed_rows
 
@@ -111,6 +111,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    'comma list, MODE inference or train (default %(default)s)')
     t.add_argument('--repeats', type=int, default=5)
     t.add_argument('--warmup', type=int, default=1)
+    t.add_argument('--compile', nargs='?', const='inductor', metavar='BACKEND',
+                   help='also time each model under torch.compile with this '
+                   'backend (default inductor), static shapes, interleaved '
+                   'with eager; its first call, which compiles, is a warmup')
     t.add_argument('--keep-freed-memory', action='store_true',
                    help='run in a child whose malloc keeps freed memory '
                    '(glibc): no step pays page faults for fresh memory, as '
@@ -166,6 +170,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument('--update-doc', metavar='PAGE')
 
     args = p.parse_args(argv)
+    if args.part == 'time' and args.compile and args.warmup < 1:
+        p.error('--compile needs --warmup 1 or more: the first call of a '
+                'compiled model compiles it')
     if args.part in PART_SECTIONS and args.update_doc:
         check_page(args.update_doc, [PART_SECTIONS[args.part]], p.error)
     if args.part != 'render':
@@ -218,8 +225,16 @@ def measure(args, device: torch.device, log) -> dict:
         from benchmarks.timed_steps import time_steps
         models = {n: m.to(device) for n, m in build_models(
             args.models, args.posmlp_arch, args.seed).items()}
+        labels = dict(LABELS)
+        if args.compile:
+            for name, model in list(models.items()):
+                models[f'{name}_compiled'] = torch.compile(
+                    model, backend=args.compile, dynamic=False)
+                labels[f'{name}_compiled'] = \
+                    f'{LABELS.get(name, name)}, compiled ({args.compile})'
         return dict(results=time_steps(models, args.steps, args.repeats,
-                                       args.warmup, device, args.seed, log))
+                                       args.warmup, device, args.seed, log,
+                                       labels))
     if args.part == 'gpu-proxy':
         from benchmarks.gpu_proxy import run_gpu_proxy
         models = {n: m.to(device) for n, m in build_models(
