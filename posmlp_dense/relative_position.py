@@ -25,24 +25,35 @@ def _grid(window: Tuple[int, int]):
     return ys.reshape(-1), xs.reshape(-1)
 
 
-def gqpe_offset_features(window: Tuple[int, int]) -> torch.Tensor:
-    """((2wh-1) * (2ww-1), 6) features of every relative offset of a window,
-    in the order of ``lrpe_relative_index``, against which GQPE's score
+def gqpe_features(dx: torch.Tensor, dy: torch.Tensor
+                  ) -> Tuple[torch.Tensor, ...]:
+    """The six features of offsets (dx, dy) against which GQPE's score
     coefficients are a dot product (gates/gqpe.py):
 
         (dx, dy, -dx^2 / 2, -dx dy / 2, -dy dx / 2, -dy^2 / 2)
 
     the offsets' linear terms, then their quadratic ones in the order of a
-    flattened 2 x 2 matrix.
-    """
+    flattened 2 x 2 matrix; each shaped as dx and dy."""
+    return (dx, dy, -0.5 * dx * dx, -0.5 * dx * dy, -0.5 * dy * dx,
+            -0.5 * dy * dy)
+
+
+def gqpe_offset_features(window: Tuple[int, int]) -> torch.Tensor:
+    """((2wh-1) * (2ww-1), 6) ``gqpe_features`` of every relative offset of
+    a window, in the order of ``lrpe_relative_index``."""
     wh, ww = window
     rows, cols = table_grid(window)
     r = torch.arange(rows * cols)
     dy = (r // cols - (wh - 1)).float()          # ym - yn
     dx = ((ww - 1) - r % cols).float()           # xn - xm
-    feats = (dx, dy, -0.5 * dx * dx, -0.5 * dx * dy, -0.5 * dy * dx,
-             -0.5 * dy * dy)
-    return torch.stack(feats, dim=-1)
+    return torch.stack(gqpe_features(dx, dy), dim=-1)
+
+
+def window_coordinates(window: Tuple[int, int]) -> torch.Tensor:
+    """(2, N): the row and the column of each token of a window, in float
+    (row-major order): a pair's offset is their difference."""
+    ys, xs = _grid(window)
+    return torch.stack([ys, xs]).float()
 
 
 def lrpe_relative_index(window: Tuple[int, int]) -> torch.Tensor:

@@ -161,6 +161,14 @@ MUTATIONS: List[Mutation] = [
         '.sum(-3)\n',
         (NUMERICS, '-k', 'captured_graph_equal')),
     Mutation(
+        "a captured graph's GQPE offsets with dx's sign flipped",
+        'posmlp_dense/gates/gqpe.py',
+        '        dx = xs - xs.unsqueeze(-1)                   # xn - xm, at '
+        '[m, n]\n',
+        '        dx = xs.unsqueeze(-1) - xs                   # xn - xm, at '
+        '[m, n]\n',
+        (NUMERICS, '-k', 'captured_graph_equal')),
+    Mutation(
         'a captured graph\'s lean backward leaves g without the drop scale',
         'posmlp_dense/block_function.py',
         '                g, d_g = g * sample_scale, d_g * sample_scale\n',

@@ -28,7 +28,8 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 
-from ..relative_position import gqpe_offset_features
+from ..relative_position import (gqpe_features, gqpe_offset_features,
+                                 window_coordinates)
 from .position_bias import PositionBias
 
 # Keys whose weight is below this fraction of the query's own weight get
@@ -82,29 +83,36 @@ def score_coefficients(centers: torch.Tensor, spreads: torch.Tensor,
 
 def softmax_weights(terms: Tuple[torch.Tensor, torch.Tensor],
                     features: torch.Tensor, index: torch.Tensor,
-                    window: Tuple[int, int], captured: bool = False
+                    coordinates: torch.Tensor, captured: bool = False
                     ) -> torch.Tensor:
     """(..., groups, N, N) softmax weights over a whole window's keys, keys
     of negligible weight dropped (NEGLIGIBLE_WEIGHT). ``terms``:
     ``score_terms``'; ``features``: the offsets'
     (relative_position.gqpe_offset_features); ``index`` (N * N,): each
-    query/key pair's offset (relative_position.lrpe_relative_index).
-    ``captured``: for a graph being captured (forward_mode.py)."""
-    n = window[0] * window[1]
+    query/key pair's offset (relative_position.lrpe_relative_index);
+    ``coordinates`` (2, N): the window's tokens'
+    (relative_position.window_coordinates). ``captured``: for a graph
+    being captured (forward_mode.py)."""
     if captured:
-        # per query/key pair, term by term: a compiler computes the scores
-        # in one kernel with their coefficients, which a matmul (a library
-        # call) and the coefficients' concatenation (a copy) would not let
-        # it; per pair, since a gather before the softmax would be fused
-        # into each of its passes (three gathers of every weight, on a CPU)
-        linear, quadratic = terms
-        pairs = features.index_select(0, index)
-        scores = ((linear.unsqueeze(-2) * pairs[:, :2]).sum(-1)
-                  + (quadratic.unsqueeze(-2) * pairs[:, 2:]).sum(-1))
-        scores = _drop_negligible(scores)
-    else:  # per offset by one matmul, then gathered: fewer operations
-        scores = _drop_negligible(
-            torch.cat(terms, dim=-1) @ features.t()).index_select(-1, index)
+        # per query/key pair, term by term, from the tokens' coordinates: a
+        # compiler computes the scores in one vectorized kernel with their
+        # coefficients, where a matmul is a library call, a concatenation
+        # of the coefficients a copy, and gathering a pair's offset (here,
+        # or the softmax from a per-offset table) a load per element
+        ys, xs = coordinates
+        dx = xs - xs.unsqueeze(-1)                   # xn - xm, at [m, n]
+        dy = ys.unsqueeze(-1) - ys                   # ym - yn
+        coefficients = (*terms[0].unbind(-1), *terms[1].unbind(-1))
+        products = [c[..., None, None] * f for c, f in zip(
+            coefficients, gqpe_features(dx, dy))]
+        scores = products[0]
+        for product in products[1:]:
+            scores = scores + product
+        return _drop_negligible(scores).softmax(-1)
+    # per offset by one matmul, then gathered: fewer operations
+    n = coordinates.shape[-1]
+    scores = _drop_negligible(
+        torch.cat(terms, dim=-1) @ features.t()).index_select(-1, index)
     return scores.unflatten(-1, (n, n)).softmax(-1)
 
 
@@ -131,6 +139,9 @@ class GQPE(PositionBias):
             self.attention_spreads = nn.Parameter(torch.zeros(groups))
         self.register_buffer('offset_features',
                              gqpe_offset_features(self.window),
+                             persistent=False)
+        self.register_buffer('token_coordinates',
+                             window_coordinates(self.window),
                              persistent=False)
         self.reset_parameters()
 
@@ -161,7 +172,8 @@ class GQPE(PositionBias):
         terms = score_terms(centers, spreads, first.generalized,
                             first.symmetric, captured)
         return softmax_weights(terms, first.offset_features,
-                               first.offset_index, first.window, captured)
+                               first.offset_index, first.token_coordinates,
+                               captured)
 
     def extra_repr(self) -> str:
         return (f'window={self.window}, groups={self.groups}, '
