@@ -19,8 +19,9 @@ real keys of its window by the factor ``key_scale`` computes. Gates whose
 weights are not normalized (LRPE, SGU) need no factor.
 
 The weights of all blocks of a level are computed together, in one stacked
-call per level (``level_mixings``): they depend on the gates' parameters and
-on the window only, never on the input.
+call per level (``level_mixings``; a captured graph stacks less, as it says
+why): they depend on the gates' parameters and on the window only, never
+on the input.
 """
 from __future__ import annotations
 

@@ -10,9 +10,10 @@ are a softmax over the keys of the window:
     P_s[m, :] = softmax_n(score[s, m, :])
 
 that is score = (S delta) . v - v^T S v / 2 for the offset v = (dx, dy).
-The score depends on the offset alone, so it is computed once per offset
+The score depends on the offset alone, so eager computes it once per offset
 ((2wh-1) x (2ww-1) of them), and the window's N x N pairs index that
-table before the softmax.
+table before the softmax (a captured graph computes each pair's:
+``softmax_weights`` says why).
 The isotropic form (``generalized=False``) has a scalar spread sigma_s and,
 as published, score = sigma^2 (d1 dx + d2 dy) - (dx^2 + dy^2) / 2: S delta
 with S = sigma^2 I in the linear term, S = I in the quadratic one.
@@ -46,8 +47,8 @@ def score_terms(centers: torch.Tensor, spreads: torch.Tensor,
                 generalized: bool = True, symmetric: bool = True,
                 captured: bool = False
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The score's coefficients against the offsets' features
-    (relative_position.gqpe_offset_features), in two terms: the linear
+    """The score's coefficients against an offset's features
+    (relative_position.gqpe_features), in two terms: the linear
     coefficients S delta (..., groups, 2), and the quadratic form S
     flattened (..., groups, 4).
 
