@@ -75,7 +75,15 @@ def test_demo_detector_features_compile_in_one_graph_for_seven_sizes():
                              fullgraph=True, backend='aot_eager')
     sizes = ((192, 256), (224, 256), (208, 288), (240, 240), (200, 320),
              (232, 272), (256, 288))
-    params = [p for p in model.backbone.parameters() if p.requires_grad]
+    named = [(n, p) for n, p in model.backbone.named_parameters()
+             if p.requires_grad]
+    params = [p for _, p in named]
+    # the stem's convolution biases feed training-mode BatchNorms, which
+    # subtract them again: their gradients are zero but for rounding, in
+    # both runs alike, and are held to that
+    zero = [n.startswith('patch_embed.projs.') and n.endswith('.bias')
+            for n, _ in named]
+    assert any(zero)
     for h, w in sizes:
         x = torch.randn(2, 3, h, w)
         results = []
@@ -87,9 +95,13 @@ def test_demo_detector_features_compile_in_one_graph_for_seven_sizes():
         (feats, grads), (ref_feats, ref_grads) = results
         for a, b in zip(feats, ref_feats):
             assert (a - b).abs().max() <= 1e-4 * b.abs().max(), (h, w)
-        for a, b in zip(grads, ref_grads):
-            assert (a - b).abs().max() <= 1e-4 * b.abs().max().clamp_min(
-                1e-12), (h, w)
+        largest = max(b.abs().max() for b in ref_grads)
+        for a, b, is_zero in zip(grads, ref_grads, zero):
+            if is_zero:
+                assert max(a.abs().max(), b.abs().max()) <= 1e-5 * largest
+            else:
+                assert (a - b).abs().max() <= 1e-4 * b.abs().max().clamp_min(
+                    1e-12), (h, w)
     graphs = torch._dynamo.utils.counters['stats']['unique_graphs']
     assert graphs == 1, f'{graphs} graphs for {len(sizes)} sizes'
 
