@@ -80,3 +80,19 @@ def test_a_captured_training_graph_stacks_no_biases():
     assert not biases & set(stacked), (
         f'per-query biases {sorted(biases & set(stacked))} copied into a '
         f'stack')
+
+
+def test_freezing_computes_the_mixing_weights_at_compile_time():
+    """Under inductor's freezing (the parameters constants) an inference
+    graph computes the gates' weights, softmax included, at compile time:
+    no softmax is left to run. (A constant filled in, as masked_fill's
+    -inf, would leave everything after it to run.)"""
+    model = _model().eval()
+    with torch._inductor.config.patch(freezing=True):
+        graphs, _ = inductor_forward_graphs(
+            model, torch.randn(1, 3, 97, 161), train=False)
+    assert graphs
+    left = [node.name for graph in graphs for node in graph.graph.nodes
+            if node.op == 'call_function' and node.target in (
+                aten.amax.default, aten._softmax.default, aten.exp.default)]
+    assert not left, f'left to run: {left}'

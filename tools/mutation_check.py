@@ -147,6 +147,13 @@ MUTATIONS: List[Mutation] = [
         '        each_own = False\n',
         (COMPILED_GATES, '-k', 'inference')),
     Mutation(
+        "a captured inference graph fills in GQPE's -inf, which freezing "
+        'does not compute at compile time',
+        'posmlp_dense/gates/gqpe.py',
+        '    if captured and not scores.requires_grad:\n',
+        '    if False:\n',
+        (COMPILED_GATES, '-k', 'freezing')),
+    Mutation(
         'a captured graph stacks the per-query biases',
         'posmlp_dense/gates/position_bias.py',
         '        return biases if captured else torch.stack(biases)\n',

@@ -109,7 +109,7 @@ def softmax_weights(terms: Tuple[torch.Tensor, torch.Tensor],
         scores = products[0]
         for product in products[1:]:
             scores = scores + product
-        return _drop_negligible(scores).softmax(-1)
+        return _drop_negligible(scores, captured).softmax(-1)
     # per offset by one matmul, then gathered: fewer operations
     n = coordinates.shape[-1]
     scores = _drop_negligible(
@@ -117,8 +117,17 @@ def softmax_weights(terms: Tuple[torch.Tensor, torch.Tensor],
     return scores.unflatten(-1, (n, n)).softmax(-1)
 
 
-def _drop_negligible(scores: torch.Tensor) -> torch.Tensor:
-    """-inf where a score gives a weight below NEGLIGIBLE_WEIGHT."""
+def _drop_negligible(scores: torch.Tensor, captured: bool = False
+                     ) -> torch.Tensor:
+    """-inf where a score gives a weight below NEGLIGIBLE_WEIGHT.
+    ``captured`` without autograd (an inference graph, which inductor's
+    freezing may compute at compile time): by adding log(0) there and
+    log(1) = 0 elsewhere, not by filling in a constant, from which
+    freezing computes nothing (so neither the softmax after it). A
+    training graph fills it in: its backward is leaner so."""
+    if captured and not scores.requires_grad:
+        kept = scores >= NEGLIGIBLE_SCORE
+        return scores + kept.to(scores.dtype).log()
     return scores.masked_fill(scores < NEGLIGIBLE_SCORE, float('-inf'))
 
 
