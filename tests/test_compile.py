@@ -17,6 +17,8 @@ pixels), so the inductor case keeps its sizes above it.
 """
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -70,8 +72,12 @@ def _relative_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _check_training_compiles_once(backend, batch, dynamic, graphs_allowed,
                                   dtype=torch.float32):
-    """Each size's compiled step against eager's: outputs and every
-    parameter's gradient within 1e-4 (relative L2). Dynamo may compile no
+    """Each size's compiled step against eager's: outputs within 1e-4
+    (relative L2), and every parameter's gradient within 1e-4 of a float64
+    eager step's, or as close as eager's own (twice its distance): some
+    gradients (GQPE's at init, the sum of many near-cancelling terms) carry
+    a few 1e-4 of float32 rounding in eager too, which a compiled step's
+    other order of operations rounds differently. Dynamo may compile no
     more graphs than ``graphs_allowed``: a further one fails at once
     (fail_on_recompile_limit_hit) rather than after minutes."""
     assert len({(-(-h // 32), -(-w // 32)) for h, w in TRAIN_SIZES}) == 7
@@ -79,6 +85,7 @@ def _check_training_compiles_once(backend, batch, dynamic, graphs_allowed,
     torch._dynamo.utils.counters.clear()
     model = randomize_(PosMLP(TINY_ARCH, gate='gqpe', drop_path_rate=0.0,
                               norm_eval=True)).to(dtype).train()
+    exact = copy.deepcopy(model).double()
     compiled = torch.compile(model, dynamic=dynamic, fullgraph=True,
                              backend=backend)
     gen = torch.Generator().manual_seed(0)
@@ -87,19 +94,21 @@ def _check_training_compiles_once(backend, batch, dynamic, graphs_allowed,
         for size in TRAIN_SIZES:
             x = torch.randn(batch, 3, *size, generator=gen).to(dtype)
             results = []
-            for net in (compiled, model):
-                model.zero_grad(set_to_none=True)
-                outs = net(x)
+            for net, owner, inp in ((compiled, model, x), (model, model, x),
+                                    (exact, exact, x.double())):
+                owner.zero_grad(set_to_none=True)
+                outs = net(inp)
                 sum((o * o).mean() for o in outs).backward()
                 results.append(([o.detach() for o in outs],
-                                {n: p.grad.clone()
-                                 for n, p in model.named_parameters()}))
-            (outs, grads), (ref_outs, ref_grads) = results
+                                {n: p.grad.double()
+                                 for n, p in owner.named_parameters()}))
+            (outs, grads), (ref_outs, ref_grads), (_, exact_grads) = results
             for out, ref in zip(outs, ref_outs):
                 assert _relative_l2(out, ref) <= 1e-4, size
             for name, grad in grads.items():
-                assert _relative_l2(grad, ref_grads[name]) <= 1e-4, (
-                    size, name)
+                eager_error = _relative_l2(ref_grads[name], exact_grads[name])
+                assert _relative_l2(grad, exact_grads[name]) <= max(
+                    1e-4, 2 * eager_error), (size, name)
     graphs = torch._dynamo.utils.counters['stats']['unique_graphs']
     assert graphs == graphs_allowed, (
         f'{graphs} graphs for {len(TRAIN_SIZES)} sizes')
